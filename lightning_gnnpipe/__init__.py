@@ -1,0 +1,31 @@
+"""lightning_gnnpipe: pipelined layer-level model parallelism for full-graph GNN training.
+
+Implements GNNPipe (arXiv 2308.10087) as a PyTorch Lightning strategy. Pass
+``GNNPipeStrategy()`` (or ``strategy="gnnpipe"``) to ``Trainer`` and the graph as a
+``GraphChunkDataModule``.
+"""
+
+from lightning.pytorch.strategies import StrategyRegistry
+
+from lightning_gnnpipe.data import ChunkPlan, GraphChunkDataModule, build_chunk_plan, metis_partition
+from lightning_gnnpipe.history.history import History
+from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack
+from lightning_gnnpipe.pipeline.schedule import SCHEDULES
+from lightning_gnnpipe.strategy.gnnpipe import GNNPipeStrategy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ChunkPlan",
+    "GNNPipeStrategy",
+    "GraphChunkDataModule",
+    "History",
+    "LayerStack",
+    "SCHEDULES",
+    "build_chunk_plan",
+    "find_layer_stack",
+    "metis_partition",
+]
+
+if GNNPipeStrategy.strategy_name not in StrategyRegistry:
+    GNNPipeStrategy.register_strategies(StrategyRegistry)

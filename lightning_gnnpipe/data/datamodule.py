@@ -1,0 +1,64 @@
+"""``GraphChunkDataModule``: one full graph, cut once into pipeline chunks."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from lightning.pytorch import LightningDataModule
+from torch import Tensor
+from torch.utils.data import DataLoader
+from torch_geometric.data import Data
+
+from lightning_gnnpipe.data.chunk import ChunkPlan, build_chunk_plan
+from lightning_gnnpipe.data.validation import validate_graph, validate_num_chunks
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+class GraphChunkDataModule(LightningDataModule):
+    """Serve one full graph per step and hold its METIS chunk plan.
+
+    Every dataloader (train, val, test, predict) yields the same full-graph
+    :class:`~torch_geometric.data.Data` once per epoch, so user code sees an ordinary batch and
+    the module also trains with a plain single-device ``Trainer``. Under
+    :class:`~lightning_gnnpipe.GNNPipeStrategy` the strategy reads :attr:`plan` to cut every step
+    into ``num_chunks`` pipeline micro-batches (GNNPipe, arXiv 2308.10087, Sec. 4.1).
+
+    The graph is validated and partitioned here, in the constructor, so that bad input fails in
+    the main process before any process group starts; METIS runs once and the plan travels to
+    spawned workers with the DataModule.
+
+    Args:
+        data: The graph. Needs ``x`` ``(|V|, F)`` and ``edge_index`` ``(2, |E|)``; ``y`` and the
+            boolean masks ``train_mask``/``val_mask``/``test_mask`` ``(|V|,)`` are optional.
+        num_chunks: Number of chunks ``K`` (pipeline micro-batches per step), ``1 <= K <= |V|``.
+        part: Optional chunk id per node ``(|V|,)`` to use instead of METIS.
+
+    Raises:
+        TypeError, ValueError: On malformed graphs or ``num_chunks`` (see
+            :func:`~lightning_gnnpipe.data.validation.validate_graph`).
+    """
+
+    def __init__(self, data: Data, num_chunks: int = 8, part: Optional[Tensor] = None) -> None:
+        super().__init__()
+        validate_graph(data)
+        self.num_chunks = validate_num_chunks(num_chunks, data.num_nodes)
+        self.data = data
+        self.plan: ChunkPlan = build_chunk_plan(data.edge_index, data.num_nodes, num_chunks, part=part)
+
+    def _loader(self) -> DataLoader:
+        return DataLoader([self.data], batch_size=None, collate_fn=_identity)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader()
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader()
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader()
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader()

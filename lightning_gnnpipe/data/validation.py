@@ -1,0 +1,97 @@
+"""Checks on a user's graph, run before any process group starts.
+
+Every message has the shape ``<where>: <what is wrong> (got <value>). <how to fix>.``
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+_WHERE = "GraphChunkDataModule"
+MASKS = ("train_mask", "val_mask", "test_mask")
+
+
+def validate_graph(data: Data) -> None:
+    """Raise a clear error if ``data`` cannot be trained on as one full graph.
+
+    Checks ``edge_index`` (dtype, shape, id range), ``x`` (present, 2-D, finite), ``y`` and the
+    masks (length ``|V|``, boolean), and that the training mask selects labelled nodes only
+    (labels ``< 0`` mean unlabelled).
+
+    Raises:
+        TypeError: If ``data`` is not a ``Data`` or a tensor has the wrong dtype.
+        ValueError: If a shape, an id or a value is wrong.
+    """
+    if not isinstance(data, Data):
+        raise TypeError(f"{_WHERE}: `data` must be a torch_geometric.data.Data (got {type(data).__name__}).")
+    ei = data.edge_index
+    if not isinstance(ei, Tensor):
+        raise TypeError(f"{_WHERE}: `data.edge_index` must be a tensor (got {type(ei).__name__}).")
+    if ei.dtype != torch.long:
+        raise TypeError(
+            f"{_WHERE}: `data.edge_index` must have dtype torch.long (got {ei.dtype}). "
+            "Use `data.edge_index = data.edge_index.long()`."
+        )
+    if ei.dim() != 2 or ei.size(0) != 2:
+        raise ValueError(
+            f"{_WHERE}: `data.edge_index` must have shape (2, num_edges) (got {tuple(ei.shape)}). "
+            "Transpose a (num_edges, 2) list with `.t().contiguous()`."
+        )
+    x = data.x
+    if not isinstance(x, Tensor) or x.dim() != 2:
+        raise ValueError(
+            f"{_WHERE}: `data.x` must be a node feature matrix of shape (num_nodes, F) "
+            f"(got {None if x is None else tuple(x.shape)})."
+        )
+    n = x.size(0)
+    if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
+        raise ValueError(
+            f"{_WHERE}: `data.edge_index` holds node ids outside [0, {n}) "
+            f"(got min {int(ei.min())}, max {int(ei.max())}). Every id must index a row of `data.x`."
+        )
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).any(dim=1).sum())
+        raise ValueError(
+            f"{_WHERE}: `data.x` contains NaN or Inf (got {bad} bad rows). Clean or impute the features."
+        )
+    y = getattr(data, "y", None)
+    if y is not None and (not isinstance(y, Tensor) or y.size(0) != n):
+        raise ValueError(
+            f"{_WHERE}: `data.y` must have one entry per node, {n} (got "
+            f"{None if not isinstance(y, Tensor) else y.size(0)})."
+        )
+    for name in MASKS:
+        mask = getattr(data, name, None)
+        if mask is None:
+            continue
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            raise TypeError(
+                f"{_WHERE}: `data.{name}` must be a torch.bool tensor (got "
+                f"{getattr(mask, 'dtype', type(mask).__name__)}). Use `index_to_mask`."
+            )
+        if mask.dim() != 1 or mask.size(0) != n:
+            raise ValueError(
+                f"{_WHERE}: `data.{name}` must have shape ({n},) (got {tuple(mask.shape)}). "
+                "Select one split of a multi-split mask, e.g. `data.train_mask[:, 0]`."
+            )
+        if not bool(mask.any()):
+            raise ValueError(f"{_WHERE}: `data.{name}` selects no node (got 0 of {n}). Give it labelled nodes.")
+        if y is not None and not y.is_floating_point() and bool((y[mask] < 0).any()):
+            raise ValueError(
+                f"{_WHERE}: `data.{name}` selects unlabelled nodes (y < 0) (got "
+                f"{int((y[mask] < 0).sum())} of {int(mask.sum())}). Remove them from the mask."
+            )
+
+
+def validate_num_chunks(num_chunks: object, num_nodes: int) -> int:
+    """Return ``num_chunks`` if it is an int in ``[1, num_nodes]``, else raise."""
+    if isinstance(num_chunks, bool) or not isinstance(num_chunks, int):
+        raise TypeError(f"{_WHERE}: `num_chunks` must be an int (got {type(num_chunks).__name__}).")
+    if not 1 <= num_chunks <= num_nodes:
+        raise ValueError(
+            f"{_WHERE}: `num_chunks` must be in [1, {num_nodes}] (the number of nodes) "
+            f"(got {num_chunks}). Use fewer chunks."
+        )
+    return num_chunks

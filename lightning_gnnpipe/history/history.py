@@ -1,0 +1,46 @@
+"""Historical embeddings: one table of every node's input embedding for one layer.
+
+GNNPipe (arXiv 2308.10087, Sec. 4.2) reads a chunk's halo rows from such a table: *fresh* if
+the halo's chunk already passed this layer in the current epoch, *historical* (written in the
+previous epoch) otherwise. The push/pull names follow GNNAutoScale's ``History``
+(Fey et al., ICML 2021, arXiv 2106.05609).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class History(nn.Module):
+    """Table of ``|V|`` rows of width ``channels``, zero until written.
+
+    The table is a non-persistent buffer: it is not part of any ``state_dict`` and never
+    requires grad; rows are copied in (``push``) and out (``pull``), so autograd never sees
+    the in-place writes.
+
+    Args:
+        num_nodes: Rows ``|V|``.
+        channels: Width ``d`` of the layer's input embedding.
+
+    Shapes:
+        ``emb``: ``(|V|, d)``.
+    """
+
+    def __init__(self, num_nodes: int, channels: int, device=None, dtype=None) -> None:
+        super().__init__()
+        self.register_buffer("emb", torch.zeros(num_nodes, channels, device=device, dtype=dtype), persistent=False)
+
+    @torch.no_grad()
+    def push(self, index: Tensor, value: Tensor) -> None:
+        """Write rows ``index`` ``(n,)`` with ``value`` ``(n, d)`` (detached)."""
+        self.emb[index] = value.detach().to(self.emb.dtype)
+
+    def pull(self, index: Tensor) -> Tensor:
+        """Return a detached copy of rows ``index`` ``(n,)`` as ``(n, d)``."""
+        return self.emb[index]
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """Zero the table."""
+        self.emb.zero_()

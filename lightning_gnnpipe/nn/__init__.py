@@ -1,0 +1,1 @@
+"""Adapters that make PyG models splittable into stages."""

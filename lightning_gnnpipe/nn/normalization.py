@@ -1,0 +1,79 @@
+"""Degree normalisation on the full graph for convs that a chunk would get wrong.
+
+``GCNConv(normalize=True)`` computes ``D^-1/2 (A + I) D^-1/2`` from the degrees of the graph
+it is given. On a chunk's local graph a halo node has only its chunk-local edges, so its
+degree is wrong. GNNPipe needs the full-graph coefficients (arXiv 2308.10087, Sec. 4.1), so
+they are computed once with :func:`torch_geometric.nn.conv.gcn_conv.gcn_norm` on the whole
+graph, sliced per chunk, and fed to the conv while a chunk runs. The conv is wrapped for the
+duration of one call (its ``forward`` is swapped and restored); its parameters and flags
+stay untouched.
+
+Convs that propagate several hops inside one layer cannot be served by a 1-hop halo and are
+refused.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Dict, Iterator, List, Tuple
+
+from torch import Tensor, nn
+from torch_geometric.nn import APPNP, ChebConv, GCNConv, SGConv, SSGConv, TAGConv
+from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+MULTI_HOP = (SGConv, SSGConv, TAGConv, ChebConv, APPNP)
+
+NormKey = Tuple[bool, bool]  # (improved, add_self_loops)
+
+
+def normalized_convs(block: nn.Module) -> List[GCNConv]:
+    """Return the ``GCNConv(normalize=True)`` modules of a block."""
+    return [m for m in block.modules() if isinstance(m, GCNConv) and m.normalize]
+
+
+def norm_key(conv: GCNConv) -> NormKey:
+    return (bool(conv.improved), bool(conv.add_self_loops))
+
+
+def check_supported(blocks: List[nn.Module]) -> None:
+    """Refuse convs whose receptive field is wider than one hop.
+
+    Raises:
+        ValueError: If a block holds ``SGConv``/``SSGConv``/``TAGConv``/``ChebConv``/``APPNP``
+            with ``K > 1``.
+    """
+    for i, block in enumerate(blocks):
+        for m in block.modules():
+            if isinstance(m, MULTI_HOP) and int(getattr(m, "K", 1)) > 1:
+                raise ValueError(
+                    f"check_supported: layer {i} holds {type(m).__name__}(K={m.K}), which propagates "
+                    f"{m.K} hops inside one layer; a chunk carries a 1-hop halo (got K={m.K}). "
+                    "Use K=1 layers stacked K times."
+                )
+
+
+def full_graph_norm(edge_index: Tensor, num_nodes: int, key: NormKey, dtype) -> Tuple[Tensor, Tensor]:
+    """Return ``(edge_index (2, |E'|), edge_weight (|E'|,))`` normalised on the whole graph."""
+    improved, add_self_loops = key
+    return gcn_norm(edge_index, None, num_nodes, improved, add_self_loops, "source_to_target", dtype)
+
+
+def _gcn_forward(conv: GCNConv, edge_index: Tensor, edge_weight: Tensor, x: Tensor, *_, **__) -> Tensor:
+    # GCNConv.forward with normalize=False on precomputed full-graph coefficients.
+    out = conv.propagate(edge_index, x=conv.lin(x), edge_weight=edge_weight)
+    return out if conv.bias is None else out + conv.bias
+
+
+@contextmanager
+def precomputed_norm(
+    convs: List[GCNConv], edges: Dict[NormKey, Tuple[Tensor, Tensor]]
+) -> Iterator[None]:
+    """Run ``convs`` on the given chunk-local normalised edges, ignoring the ones passed in."""
+    for conv in convs:
+        ei, ew = edges[norm_key(conv)]
+        conv.forward = lambda x, *a, _c=conv, _ei=ei, _ew=ew, **k: _gcn_forward(_c, _ei, _ew, x)
+    try:
+        yield
+    finally:
+        for conv in convs:
+            del conv.forward

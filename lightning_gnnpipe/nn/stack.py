@@ -1,0 +1,149 @@
+"""Find the ordered layer blocks of a user's GNN so that they can be cut into stages.
+
+Two kinds of model are understood:
+
+1. A PyG :class:`~torch_geometric.nn.models.basic_gnn.BasicGNN` (``GCN``, ``GraphSAGE``,
+   ``GIN``, ``GAT``, ...) anywhere inside the LightningModule: layer ``i`` is ``convs[i]``
+   followed, except after the last layer, by the model's norm, activation and dropout,
+   exactly as ``BasicGNN.forward`` does it.
+2. Any module (the LightningModule itself or a submodule) with a method
+   ``pipeline_blocks() -> Sequence[nn.Module]``: each block is called ``block(x, edge_index)``
+   and returns the next ``x``; the module's ``forward(x, edge_index)`` must be exactly the
+   blocks applied in order. See ``docs/custom_models.md``.
+
+The user's modules are wrapped, never changed or copied: the blocks share their parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List
+
+import torch
+from torch import Tensor, nn
+from torch_geometric.nn import MessagePassing
+from torch_geometric.nn.models.basic_gnn import BasicGNN
+
+
+@dataclass
+class LayerStack:
+    """The module whose ``forward(x, edge_index)`` the pipeline replaces, and its blocks.
+
+    Attributes:
+        module: The user's module that computes ``blocks[L-1](...blocks[0](x, edge_index)...)``.
+        blocks: The ``L`` layer blocks in order; each maps ``(x, edge_index)`` to the next ``x``.
+    """
+
+    module: nn.Module
+    blocks: List[nn.Module]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.blocks)
+
+
+class BasicGNNLayer(nn.Module):
+    """Layer ``index`` of a PyG ``BasicGNN``: conv, then norm/activation/dropout if not last.
+
+    Shares the parameters of ``gnn`` (no copy). Mirrors ``BasicGNN.forward`` in
+    torch_geometric 2.8 for ``jk=None``.
+    """
+
+    def __init__(self, gnn: BasicGNN, index: int) -> None:
+        super().__init__()
+        self.conv = gnn.convs[index]
+        self.is_last = index == gnn.num_layers - 1
+        if not self.is_last:
+            self.norm = gnn.norms[index] if gnn.norms is not None else nn.Identity()
+            self.act = gnn.act
+            self.dropout = gnn.dropout
+            self.act_first = gnn.act_first
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        x = self.conv(x, edge_index)
+        if self.is_last:
+            return x
+        if self.act is not None and self.act_first:
+            x = self.act(x)
+        x = self.norm(x)
+        if self.act is not None and not self.act_first:
+            x = self.act(x)
+        return self.dropout(x)
+
+
+def _blocks_of_basic_gnn(gnn: BasicGNN) -> List[nn.Module]:
+    if gnn.jk_mode is not None:
+        raise ValueError(
+            f"find_layer_stack: {type(gnn).__name__}(jk={gnn.jk_mode!r}) needs every layer's output "
+            "at the head, which a pipeline does not carry between stages (got jk="
+            f"{gnn.jk_mode!r}). Use jk=None."
+        )
+    return [BasicGNNLayer(gnn, i) for i in range(gnn.num_layers)]
+
+
+def find_layer_stack(module: nn.Module) -> LayerStack:
+    """Locate the layer stack in a LightningModule.
+
+    Args:
+        module: The user's LightningModule.
+
+    Returns:
+        The :class:`LayerStack`.
+
+    Raises:
+        TypeError: If no stack is found.
+        ValueError: If several stacks are found, or a block list is empty.
+    """
+    declared = [m for m in module.modules() if callable(getattr(m, "pipeline_blocks", None))]
+    if len(declared) > 1:
+        names = [type(m).__name__ for m in declared]
+        raise ValueError(f"find_layer_stack: several modules define `pipeline_blocks` (got {names}). Keep one.")
+    if declared:
+        blocks = list(declared[0].pipeline_blocks())
+        if not blocks or not all(isinstance(b, nn.Module) for b in blocks):
+            raise ValueError(
+                f"find_layer_stack: {type(declared[0]).__name__}.pipeline_blocks() must return a non-empty "
+                f"sequence of nn.Module (got {[type(b).__name__ for b in blocks]})."
+            )
+        return LayerStack(declared[0], blocks)
+    gnns = [m for m in module.modules() if isinstance(m, BasicGNN)]
+    if len(gnns) > 1:
+        raise ValueError(
+            f"find_layer_stack: found {len(gnns)} BasicGNN models; the pipeline needs one layer stack. "
+            "Define `pipeline_blocks()` on the module that composes them."
+        )
+    if not gnns:
+        raise TypeError(
+            f"find_layer_stack: {type(module).__name__} holds no PyG BasicGNN (GCN, GraphSAGE, GIN, GAT, ...) "
+            "and no module defines `pipeline_blocks()`, so its layers cannot be split into stages. "
+            "See docs/custom_models.md."
+        )
+    return LayerStack(gnns[0], _blocks_of_basic_gnn(gnns[0]))
+
+
+def uses_graph(block: nn.Module) -> bool:
+    """Return whether a block passes messages (needs halo rows) or is node-wise only."""
+    return any(isinstance(m, MessagePassing) for m in block.modules())
+
+
+@torch.no_grad()
+def infer_dims(blocks: List[nn.Module], x_example: Tensor) -> List[int]:
+    """Return the feature width entering each block and leaving the last, ``L + 1`` ints.
+
+    Runs every block once, in eval mode, on a 2-node graph with one edge built from
+    ``x_example`` ``(2, F)``; training flags are restored afterwards.
+    """
+    flags = [(m, m.training) for b in blocks for m in b.modules()]
+    edge_index = torch.tensor([[0, 1], [1, 0]], device=x_example.device)
+    dims = [x_example.size(-1)]
+    try:
+        for b in blocks:
+            b.eval()
+        x = x_example
+        for b in blocks:
+            x = b(x, edge_index)
+            dims.append(x.size(-1))
+    finally:
+        for m, flag in flags:
+            m.training = flag
+    return dims

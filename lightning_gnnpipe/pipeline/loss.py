@@ -1,0 +1,111 @@
+"""The last stage's per-micro-batch loss, built from the user's own loss.
+
+The schedules call ``loss_fn(output_mb, target_mb)`` right after each chunk's forward on the
+last stage and later backpropagate what it returns. Two modes:
+
+* ``"deferred"`` (GPipe): the user's ``training_step`` needs the whole graph's output, which
+  exists only after the last chunk's forward. Every chunk returns a zero-valued proxy whose
+  backward supplies ``dL/d(out_c)``; after the last forward the outputs are assembled into a
+  leaf ``(|V|, C)``, the user's loss is evaluated on it once and differentiated. GPipe runs
+  every forward before any backward, so the gradients exist when the proxies need them.
+  Exact for any loss.
+* ``"chunk"`` (1F1B and other schedules that interleave backwards): the LightningModule's
+  ``pipeline_chunk_loss(out, batch, node_index)`` returns chunk ``c``'s part of the loss;
+  the parts must add up to the full-graph loss.
+
+Both modes use ``scale_grads=False``: the full-graph loss is already normalised by the
+global number of labelled nodes, so ``K = 1`` and ``K > 1`` get the same gradient scale.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from lightning_gnnpipe.pipeline.graph import ChunkGraph
+
+
+class _DeferredOutputGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, out: Tensor, holder: "PipelineLoss", c: int) -> Tensor:  # type: ignore[override]
+        ctx.holder, ctx.c = holder, c
+        return out.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return ctx.holder.output_grad(ctx.c) * grad, None, None
+
+
+FullLoss = Callable[[Tensor], Tuple[Tensor, Any]]
+ChunkLoss = Callable[[Tensor, int], Tensor]
+
+
+class PipelineLoss:
+    """Loss callable for the last stage, collecting every chunk's output.
+
+    Args:
+        graph: Chunk-local graph (for the inner node ids).
+        num_nodes: ``|V|``.
+        mode: ``"deferred"`` or ``"chunk"``.
+
+    Shapes:
+        ``__call__``: ``out`` ``(M, C)``, ``target`` ``(1,)`` holding the chunk id.
+    """
+
+    def __init__(self, graph: ChunkGraph, num_nodes: int, mode: str) -> None:
+        self.graph, self.num_nodes, self.mode = graph, num_nodes, mode
+        self.full_loss: Optional[FullLoss] = None
+        self.chunk_loss: Optional[ChunkLoss] = None
+        self.reset()
+
+    def reset(self, full_loss: Optional[FullLoss] = None, chunk_loss: Optional[ChunkLoss] = None) -> None:
+        """Start a new step with the loss closures for this batch."""
+        self.full_loss, self.chunk_loss = full_loss, chunk_loss
+        self.outputs: List[Optional[Tensor]] = [None] * self.graph.num_chunks
+        self._grad: Optional[Tensor] = None
+        self.step_output: Any = None
+
+    def __call__(self, out: Tensor, target: Tensor) -> Tensor:
+        c = int(target.reshape(-1)[0])
+        n = self.graph.nodes[c].numel()
+        self.outputs[c] = out[:n].detach()
+        if self.mode == "chunk":
+            assert self.chunk_loss is not None
+            return self.chunk_loss(out[:n], c)
+        if all(o is not None for o in self.outputs):
+            self._finish()
+        return _DeferredOutputGrad.apply(out, self, c)
+
+    def logits(self) -> Tensor:
+        """Assemble the chunks' outputs into ``(|V|, C)`` (detached)."""
+        first = next(o for o in self.outputs if o is not None)
+        full = first.new_zeros(self.num_nodes, first.size(-1))
+        for c, o in enumerate(self.outputs):
+            if o is None:
+                raise RuntimeError(f"PipelineLoss: chunk {c} produced no output in this step.")
+            full[self.graph.nodes[c]] = o
+        return full
+
+    def _finish(self) -> None:
+        assert self.full_loss is not None
+        full = self.logits().requires_grad_(True)
+        with torch.enable_grad():
+            loss, self.step_output = self.full_loss(full)
+            if not isinstance(loss, Tensor) or not loss.requires_grad:
+                raise RuntimeError(
+                    "GNNPipeStrategy: `training_step` returned a loss that does not depend on the model "
+                    f"output (got {type(loss).__name__}). Return the loss computed from `self(x, edge_index)`."
+                )
+            (self._grad,) = torch.autograd.grad(loss, full)
+
+    def output_grad(self, c: int) -> Tensor:
+        """Return ``dL/d(out_c)`` padded to ``(M, C)``."""
+        if self._grad is None:
+            raise RuntimeError(
+                "GNNPipeStrategy: a backward ran before the last chunk's forward. The 'deferred' loss "
+                "needs schedule 'gpipe'; other schedules need `pipeline_chunk_loss` on the module."
+            )
+        g = self._grad[self.graph.nodes[c]]
+        return torch.nn.functional.pad(g, (0, 0, 0, self.graph.max_chunk_size - g.size(0)))

@@ -1,0 +1,128 @@
+"""One pipeline stage: consecutive layer blocks, their history tables, and both forwards.
+
+GNNPipe (arXiv 2308.10087, Sec. 4): a stage owns layers ``[l_s, l_{s+1})``. For each chunk
+it receives the chunk's own rows ``(M, d)`` (padded), and for each owned layer it
+
+1. writes the chunk's rows into that layer's history table (fresh for later chunks),
+2. reads the halo rows from the table (fresh if the halo's chunk came earlier in this
+   epoch, historical otherwise), detached,
+3. runs the block on ``[inner; halo]`` and keeps the inner rows.
+
+The first layer reads its halo rows straight from the node features, which never go stale.
+Only the chunk's own rows leave the stage, padded back to ``M`` rows.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lightning_gnnpipe.history.history import History
+from lightning_gnnpipe.nn.normalization import normalized_convs, precomputed_norm
+from lightning_gnnpipe.nn.stack import uses_graph
+from lightning_gnnpipe.pipeline.graph import ChunkGraph
+
+
+class GNNStage(nn.Module):
+    """The stage module given to :class:`torch.distributed.pipelining.PipelineStage`.
+
+    Args:
+        blocks: This stage's layer blocks (the user's modules, shared, not copied).
+        layer_ids: Global index of each block, consecutive.
+        dims: Feature width entering each of the model's ``L`` layers and leaving the last,
+            ``L + 1`` ints.
+        graph: Chunk-local graph structure.
+        x: Node features ``(|V|, F)``; needed by the stage that owns layer 0, else ``None``.
+
+    Shapes:
+        forward: ``h`` ``(M, dims[l_s])`` -> ``(M, dims[l_{s+1}])``; ``chunk_id`` ``(1,)``.
+    """
+
+    def __init__(
+        self,
+        blocks: List[nn.Module],
+        layer_ids: List[int],
+        dims: List[int],
+        graph: ChunkGraph,
+        x: Optional[Tensor] = None,
+    ) -> None:
+        super().__init__()
+        if 0 in layer_ids and x is None:
+            raise ValueError("GNNStage: the stage that owns layer 0 needs the node features `x` (got None).")
+        self.blocks = nn.ModuleList(blocks)
+        self.layer_ids = list(layer_ids)
+        self.graph = graph
+        self.x = x
+        self.in_channels = dims[layer_ids[0]]
+        self.out_channels = dims[layer_ids[-1] + 1]
+        self._uses_graph = [uses_graph(b) for b in blocks]
+        self._norm_convs = [normalized_convs(b) for b in blocks]
+        num_nodes = sum(int(n.numel()) for n in graph.nodes)
+        device = graph.nodes[0].device
+        self.histories = nn.ModuleDict()
+        for j, layer in enumerate(self.layer_ids):
+            if layer > 0 and self._uses_graph[j]:
+                self.histories[str(layer)] = History(num_nodes, dims[layer], device=device)
+
+    def _run_block(self, j: int, x_local: Tensor, c: int) -> Tensor:
+        with precomputed_norm(self._norm_convs[j], self.graph.norm_edges[c]):
+            return self.blocks[j](x_local, self.graph.edge_index[c])
+
+    def forward(self, h: Tensor, chunk_id: Tensor) -> Tensor:
+        """Run chunk ``chunk_id`` through this stage's layers (training micro-batch)."""
+        c = int(chunk_id.reshape(-1)[0])
+        nodes, halo = self.graph.nodes[c], self.graph.halo[c]
+        n = nodes.numel()
+        h = h[:n]
+        for j, layer in enumerate(self.layer_ids):
+            if not self._uses_graph[j]:
+                h = self.blocks[j](h, self.graph.edge_index[c][:, :0])
+                continue
+            if layer == 0:
+                halo_rows = self.x[halo]
+            else:
+                table = self.histories[str(layer)]
+                table.push(nodes, h)
+                halo_rows = table.pull(halo)
+            h = self._run_block(j, torch.cat([h, halo_rows.to(h.dtype)]), c)[:n]
+        return F.pad(h, (0, 0, 0, self.graph.max_chunk_size - n))
+
+    @torch.no_grad()
+    def forward_full(self, h: Tensor, write_history: bool = False) -> Tensor:
+        """Compute this stage's layers exactly for the whole graph, layer by layer.
+
+        Every layer sees fresh inputs for all nodes (no historical rows), so stacking the
+        stages gives the unsplit model's output. With ``write_history`` the inputs are also
+        written into the tables (an exact history refresh).
+
+        Args:
+            h: Input embeddings of all nodes ``(|V|, dims[l_s])`` (``x`` for the first stage).
+            write_history: Whether to refill the history tables.
+
+        Returns:
+            Output embeddings of all nodes ``(|V|, dims[l_{s+1}])``.
+        """
+        g = self.graph
+        for j, layer in enumerate(self.layer_ids):
+            if write_history and str(layer) in self.histories:
+                self.histories[str(layer)].emb.copy_(h)
+            if not self._uses_graph[j]:
+                h = self.blocks[j](h, g.edge_index[0][:, :0])
+                continue
+            out: Optional[Tensor] = None
+            for c in range(g.num_chunks):
+                nodes, halo = g.nodes[c], g.halo[c]
+                o = self._run_block(j, torch.cat([h[nodes], h[halo]]), c)[: nodes.numel()]
+                if out is None:
+                    out = o.new_empty(h.size(0), o.size(-1))
+                out[nodes] = o
+            h = out
+        return h
+
+    def reset_history(self) -> None:
+        """Zero every history table."""
+        for table in self.histories.values():
+            table.reset()

@@ -1,0 +1,1 @@
+"""The Lightning strategy and its helpers."""

@@ -1,0 +1,51 @@
+"""Checks of a model, DataModule and strategy layout, run before any process group starts."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from torch import nn
+
+from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
+from lightning_gnnpipe.nn.normalization import check_supported
+from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack
+from lightning_gnnpipe.pipeline.schedule import check_schedule
+from lightning_gnnpipe.pipeline.split import split_layers
+
+CHUNK_LOSS_HOOK = "pipeline_chunk_loss"
+
+
+def check_layout(
+    module: nn.Module, datamodule: Optional[object], num_stages: int, schedule: str, fitting: bool = True
+) -> LayerStack:
+    """Validate everything the pipeline needs and return the model's layer stack.
+
+    Raises:
+        TypeError: No ``GraphChunkDataModule``, or no splittable layer stack.
+        ValueError: More stages than layers, a multi-hop conv, a schedule that cannot run with
+            the given ``K`` and ``S``, or a non-GPipe schedule without ``pipeline_chunk_loss``.
+    """
+    if not isinstance(datamodule, GraphChunkDataModule):
+        raise TypeError(
+            "GNNPipeStrategy: pass the graph as `datamodule=GraphChunkDataModule(data, num_chunks=K)` "
+            f"(got datamodule={type(datamodule).__name__}). The strategy needs its chunk plan."
+        )
+    stack = find_layer_stack(module)
+    check_supported(stack.blocks)
+    try:
+        split_layers(stack.num_layers, num_stages)
+    except ValueError as err:
+        raise ValueError(
+            f"GNNPipeStrategy: the model has {stack.num_layers} layers but {num_stages} stages were "
+            f"requested (one per device) (got devices={num_stages}). Use at most {stack.num_layers} devices."
+        ) from err
+    if fitting:
+        check_schedule(schedule, datamodule.num_chunks, num_stages)
+        if schedule != "gpipe" and not callable(getattr(module, CHUNK_LOSS_HOOK, None)):
+            raise ValueError(
+                f"GNNPipeStrategy: schedule {schedule!r} runs backwards before all chunks have run forward, "
+                f"so the full-graph `training_step` loss cannot drive it (got no `{CHUNK_LOSS_HOOK}` on "
+                f"{type(module).__name__}). Define `{CHUNK_LOSS_HOOK}(self, out, batch, node_index)` "
+                "(see docs/quickstart.md) or use schedule='gpipe'."
+            )
+    return stack

@@ -1,0 +1,118 @@
+"""Models, graphs and callbacks shared by the tests (importable by spawned workers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import Callback, LightningModule
+from torch_geometric.data import Data
+from torch_geometric.nn.models import GCN
+from torch_geometric.utils import stochastic_blockmodel_graph
+
+
+def sbm_graph(num_nodes: int = 400, num_classes: int = 4, num_features: int = 16, seed: int = 0) -> Data:
+    """A small stochastic-block-model graph with weakly informative features and a split."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = [num_nodes // num_classes + (1 if i < num_nodes % num_classes else 0) for i in range(num_classes)]
+    probs = torch.full((num_classes, num_classes), 0.01)
+    probs.fill_diagonal_(0.08)
+    torch.manual_seed(seed)
+    edge_index = stochastic_blockmodel_graph(sizes, probs, directed=False)
+    y = torch.arange(num_classes).repeat_interleave(torch.tensor(sizes))
+    x = torch.randn(num_nodes, num_features, generator=g) + 0.5 * F.one_hot(y, num_features).float()
+    perm = torch.randperm(num_nodes, generator=g)
+    masks = [torch.zeros(num_nodes, dtype=torch.bool) for _ in range(3)]
+    masks[0][perm[: num_nodes // 3]] = True
+    masks[1][perm[num_nodes // 3: 2 * num_nodes // 3]] = True
+    masks[2][perm[2 * num_nodes // 3:]] = True
+    return Data(x=x, edge_index=edge_index, y=y, train_mask=masks[0], val_mask=masks[1], test_mask=masks[2])
+
+
+class GCNModule(LightningModule):
+    """An ordinary PyG LightningModule, as a user would write it."""
+
+    def __init__(self, in_channels: int, hidden: int, num_layers: int, out_channels: int, lr: float = 0.01,
+                 seed: int = 0) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        torch.manual_seed(seed)
+        self.gnn = GCN(in_channels, hidden, num_layers, out_channels)
+
+    def forward(self, x, edge_index):
+        return self.gnn(x, edge_index)
+
+    def training_step(self, batch, batch_idx):
+        out = self(batch.x, batch.edge_index)
+        loss = F.cross_entropy(out[batch.train_mask], batch.y[batch.train_mask])
+        self.log("train_loss", loss, batch_size=1, on_epoch=True, on_step=False)
+        return loss
+
+    def _acc(self, batch, mask, name):
+        out = self(batch.x, batch.edge_index)
+        acc = (out[mask].argmax(-1) == batch.y[mask]).float().mean()
+        self.log(name, acc, batch_size=1)
+        return acc
+
+    def validation_step(self, batch, batch_idx):
+        return self._acc(batch, batch.val_mask, "val_acc")
+
+    def test_step(self, batch, batch_idx):
+        return self._acc(batch, batch.test_mask, "test_acc")
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+
+
+class ChunkLossGCN(GCNModule):
+    """The same module with the per-chunk loss hook that 1F1B needs."""
+
+    def pipeline_chunk_loss(self, out, batch, node_index):
+        mask = batch.train_mask[node_index]
+        return F.cross_entropy(out[mask], batch.y[node_index][mask], reduction="sum") / batch.train_mask.sum()
+
+
+class MetricRecorder(Callback):
+    """Write every epoch's logged metrics of this rank to ``<dir>/metrics.rank<r>.json``."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.epochs: List[dict] = []
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.epochs.append({k: float(v) for k, v in trainer.callback_metrics.items()})
+
+    def on_fit_end(self, trainer, pl_module):
+        Path(self.directory).mkdir(parents=True, exist_ok=True)
+        path = Path(self.directory) / f"metrics.rank{trainer.global_rank}.json"
+        path.write_text(json.dumps(self.epochs))
+
+
+def read_metrics(directory: str, rank: int = 0) -> List[dict]:
+    return json.loads((Path(directory) / f"metrics.rank{rank}.json").read_text())
+
+
+def fit(directory: str, module: LightningModule, datamodule, devices: int = 2, strategy=None, epochs: int = 5,
+        **trainer_kwargs) -> List[List[dict]]:
+    """Fit with ``devices`` processes (or a plain single-device Trainer when ``strategy`` is None).
+
+    Returns the per-epoch metrics of every rank.
+    """
+    from lightning.pytorch import Trainer
+
+    kwargs = dict(accelerator="cpu", devices=devices, max_epochs=epochs, logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                  callbacks=[MetricRecorder(directory)])
+    if strategy is not None:
+        kwargs["strategy"] = strategy
+    kwargs.update(trainer_kwargs)
+    trainer = Trainer(**kwargs)
+    trainer.fit(module, datamodule=datamodule)
+    return [read_metrics(directory, r) for r in range(devices)]
+
+
+def losses(metrics: List[dict], key: str = "train_loss") -> List[float]:
+    return [m[key] for m in metrics]

@@ -1,0 +1,115 @@
+"""The stage module against the unsplit model, in one process."""
+
+import pytest
+import torch
+from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
+
+from lightning_gnnpipe import build_chunk_plan, find_layer_stack
+from lightning_gnnpipe.nn.stack import infer_dims
+from lightning_gnnpipe.pipeline.graph import build_chunk_graph
+from lightning_gnnpipe.pipeline.loss import PipelineLoss
+from lightning_gnnpipe.pipeline.split import split_layers
+from lightning_gnnpipe.pipeline.stage import GNNStage
+
+MODELS = {
+    "gcn": lambda f, c: GCN(f, 32, 4, c),
+    "sage": lambda f, c: GraphSAGE(f, 32, 3, c),
+    "gat": lambda f, c: GAT(f, 16, 3, c, heads=2),
+    "gin": lambda f, c: GIN(f, 32, 3, c),
+}
+
+
+def make_stages(gnn, data, num_chunks, num_stages):
+    stack = find_layer_stack(gnn)
+    plan = build_chunk_plan(data.edge_index, data.num_nodes, num_chunks)
+    dims = infer_dims(stack.blocks, data.x[:2])
+    stages = []
+    for layers in split_layers(stack.num_layers, num_stages):
+        blocks = [stack.blocks[i] for i in layers]
+        graph = build_chunk_graph(plan, data.edge_index, blocks, torch.device("cpu"))
+        stages.append(GNNStage(blocks, layers, dims, graph, x=data.x if 0 in layers else None))
+    return plan, stages
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_exact_forward_equals_unsplit(cora, name):
+    torch.manual_seed(0)
+    gnn = MODELS[name](cora.num_features, 7).eval()
+    _, stages = make_stages(gnn, cora, num_chunks=8, num_stages=2)
+    h = cora.x
+    for stage in stages:
+        h = stage.forward_full(h)
+    torch.testing.assert_close(h, gnn(cora.x, cora.edge_index), atol=1e-5, rtol=1e-5)
+
+
+def test_chunked_forward_with_fresh_tables_equals_unsplit(cora):
+    torch.manual_seed(0)
+    gnn = GCN(cora.num_features, 32, 4, 7)
+    plan, stages = make_stages(gnn, cora, num_chunks=8, num_stages=2)
+    h = cora.x
+    for stage in stages:  # refresh: every table holds the exact inputs of its layer
+        h = stage.forward_full(h, write_history=True)
+    m = plan.max_chunk_size
+    x_pad = plan.pad(cora.x)
+    out = torch.zeros(cora.num_nodes, 7)
+    for c in range(plan.num_chunks):
+        h = x_pad[c * m: (c + 1) * m]
+        for stage in stages:
+            h = stage(h, torch.tensor([c]))
+        out[plan.nodes[c]] = h[: plan.nodes[c].numel()]
+    torch.testing.assert_close(out, gnn(cora.x, cora.edge_index), atol=1e-5, rtol=1e-5)
+
+
+def test_padding_rows_never_reach_outputs(cora):
+    torch.manual_seed(0)
+    gnn = GCN(cora.num_features, 16, 2, 7)
+    plan, (stage,) = make_stages(gnn, cora, num_chunks=5, num_stages=1)
+    m = plan.max_chunk_size
+    c = min(range(5), key=lambda k: plan.nodes[k].numel())
+    n = plan.nodes[c].numel()
+    assert n < m, "the test needs a padded chunk"
+    h = plan.pad(cora.x)[c * m: (c + 1) * m].clone()
+    clean = stage(h.clone(), torch.tensor([c]))
+    h[n:] = float("nan")
+    dirty = stage(h, torch.tensor([c]))
+    assert torch.equal(clean, dirty)
+    assert bool((dirty[n:] == 0).all())
+
+
+def test_padding_rows_never_reach_the_loss(cora):
+    torch.manual_seed(0)
+    gnn = GCN(cora.num_features, 16, 2, 7)
+    plan, (stage,) = make_stages(gnn, cora, num_chunks=5, num_stages=1)
+    loss = PipelineLoss(stage.graph, cora.num_nodes, "deferred")
+    seen = {}
+
+    def full_loss(full):
+        seen["full"] = full
+        return full[cora.train_mask].sum(), None
+
+    loss.reset(full_loss=full_loss)
+    m = plan.max_chunk_size
+    outs, proxies = [], []
+    for c in range(plan.num_chunks):
+        out = torch.full((m, 7), 1e6, requires_grad=True)  # padding rows hold huge values
+        with torch.no_grad():
+            out[: plan.nodes[c].numel()] = 1.0
+        outs.append(out)
+        proxies.append(loss(out, torch.tensor([c])))
+    for p in proxies:  # GPipe order: every forward, then every backward
+        p.backward()
+    assert bool((seen["full"] == 1.0).all())  # no padding value reached the loss
+    for c, out in enumerate(outs):
+        n = plan.nodes[c].numel()
+        assert bool((out.grad[n:] == 0).all())
+        assert torch.equal(out.grad[:n], cora.train_mask[plan.nodes[c]].float()[:, None].expand(n, 7))
+
+
+def test_user_modules_are_not_mutated(cora):
+    gnn = GCN(cora.num_features, 16, 2, 7)
+    before = {k: v.clone() for k, v in gnn.state_dict().items()}
+    _, (stage,) = make_stages(gnn, cora, num_chunks=4, num_stages=1)
+    stage.forward_full(cora.x)
+    for conv in gnn.convs:
+        assert conv.normalize and "forward" not in conv.__dict__
+    assert all(torch.equal(before[k], v) for k, v in gnn.state_dict().items())
