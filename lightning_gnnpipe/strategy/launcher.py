@@ -11,7 +11,7 @@ from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
 class _CheckedMultiProcessingLauncher(_MultiProcessingLauncher):
     """Validate the model and DataModule before any worker (and process group) starts.
 
-    A bad layout then raises its own clear error in the user's process instead of a
+    Also fixes the loggers' run versions in the main process. A bad layout then raises its own clear error in the user's process instead of a
     traceback relayed from a spawned worker.
     """
 
@@ -20,4 +20,9 @@ class _CheckedMultiProcessingLauncher(_MultiProcessingLauncher):
         datamodule = next((a for a in args if isinstance(a, LightningDataModule)), None)
         if trainer is not None and module is not None:
             self._strategy.check(trainer, module=module, datamodule=datamodule)
+        if trainer is not None:
+            # Pin each logger's version here, once, so that fit and a later test of the same
+            # Trainer write into one run directory instead of each worker picking the next one.
+            for logger in trainer.loggers:
+                _ = logger.version
         return super().launch(function, *args, trainer=trainer, **kwargs)

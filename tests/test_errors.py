@@ -1,0 +1,92 @@
+"""Bad input fails with a clear message, before any process group starts."""
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from torch_geometric.nn import SGConv
+
+from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, find_layer_stack
+from lightning_gnnpipe.pipeline.split import split_layers
+from tests.helpers import GCNModule, sbm_graph
+
+
+@pytest.fixture()
+def graph():
+    return sbm_graph(num_nodes=60)
+
+
+def _fit(module, dm, devices=2, **kwargs):
+    trainer = Trainer(accelerator="cpu", devices=devices, strategy=GNNPipeStrategy(**kwargs), max_epochs=1,
+                      logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    trainer.fit(module, datamodule=dm)
+
+
+@pytest.mark.parametrize("mutate,error,match", [
+    (lambda d: setattr(d, "edge_index", d.edge_index.int()), TypeError, "must have dtype torch.long"),
+    (lambda d: setattr(d, "edge_index", d.edge_index.t().contiguous()), ValueError, r"shape \(2, num_edges\)"),
+    (lambda d: d.edge_index.__setitem__((0, 0), -1), ValueError, "outside"),
+    (lambda d: d.edge_index.__setitem__((0, 0), 60), ValueError, r"outside \[0, 60\)"),
+    (lambda d: d.x.__setitem__((3, 1), float("nan")), ValueError, "NaN or Inf"),
+    (lambda d: setattr(d, "y", d.y[:-1]), ValueError, "one entry per node"),
+    (lambda d: setattr(d, "train_mask", d.train_mask[:-2]), ValueError, r"shape \(60,\)"),
+    (lambda d: setattr(d, "val_mask", torch.zeros(60, dtype=torch.bool)), ValueError, "selects no node"),
+    (lambda d: d.y.__setitem__(d.train_mask.nonzero()[0], -1), ValueError, "unlabelled"),
+    (lambda d: setattr(d, "test_mask", d.test_mask.long()), TypeError, "torch.bool"),
+])
+def test_bad_graph(graph, mutate, error, match):
+    mutate(graph)
+    with pytest.raises(error, match=match):
+        GraphChunkDataModule(graph, num_chunks=2)
+
+
+@pytest.mark.parametrize("num_chunks,error", [(0, ValueError), (61, ValueError), (2.0, TypeError)])
+def test_bad_num_chunks(graph, num_chunks, error):
+    with pytest.raises(error, match="num_chunks"):
+        GraphChunkDataModule(graph, num_chunks=num_chunks)
+
+
+def test_unknown_schedule():
+    with pytest.raises(ValueError, match=r"unknown `schedule` 'zb'. Valid schedules: \['1f1b', 'gpipe'\]"):
+        GNNPipeStrategy(schedule="zb")
+
+
+def test_more_stages_than_layers(graph):
+    with pytest.raises(ValueError, match="the model has 2 layers but 3 stages"):
+        _fit(GCNModule(16, 8, 2, 4), GraphChunkDataModule(graph, num_chunks=4), devices=3)
+    with pytest.raises(ValueError, match="cannot place 2 layers on 3 stages"):
+        split_layers(2, 3)
+
+
+def test_1f1b_needs_enough_chunks_and_a_chunk_loss(graph):
+    with pytest.raises(ValueError, match=r"`num_chunks` \(1\) must be at least `num_stages` \(2\)"):
+        _fit(GCNModule(16, 8, 2, 4), GraphChunkDataModule(graph, num_chunks=1), schedule="1f1b")
+    with pytest.raises(ValueError, match="pipeline_chunk_loss"):
+        _fit(GCNModule(16, 8, 2, 4), GraphChunkDataModule(graph, num_chunks=2), schedule="1f1b")
+
+
+def test_needs_graph_chunk_datamodule(graph):
+    from torch.utils.data import DataLoader
+
+    trainer = Trainer(accelerator="cpu", devices=2, strategy=GNNPipeStrategy(), max_epochs=1, logger=False)
+    with pytest.raises(TypeError, match="GraphChunkDataModule"):
+        trainer.fit(GCNModule(16, 8, 2, 4), train_dataloaders=DataLoader([graph], batch_size=None))
+
+
+def test_model_without_layer_stack():
+    with pytest.raises(TypeError, match="pipeline_blocks"):
+        find_layer_stack(torch.nn.Linear(3, 3))
+
+
+def test_multi_hop_conv_is_refused(graph):
+    class Blocks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([SGConv(16, 8, K=2), SGConv(8, 4, K=1)])
+
+        def pipeline_blocks(self):
+            return self.layers
+
+    module = GCNModule(16, 8, 2, 4)
+    module.gnn = Blocks()
+    with pytest.raises(ValueError, match=r"SGConv\(K=2\)"):
+        _fit(module, GraphChunkDataModule(graph, num_chunks=2))

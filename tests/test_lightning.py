@@ -1,0 +1,89 @@
+"""Lightning integration: logging, TensorBoard, checkpoints, resume, registry name."""
+
+import glob
+import os
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule
+from tests.helpers import GCNModule, MetricRecorder, fit, losses, read_metrics, sbm_graph
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return sbm_graph(num_nodes=300)
+
+
+def _trainer(tmp_path, epochs, **kwargs):
+    base = dict(accelerator="cpu", devices=2, strategy=GNNPipeStrategy(), max_epochs=epochs,
+                enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    base.update(kwargs)
+    return Trainer(**base)
+
+
+def test_tensorboard_run_and_checkpoint(tmp_path, graph):
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+    module = GCNModule(16, 32, 4, 4)
+    logger = TensorBoardLogger(str(tmp_path), name="run")
+    last = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_last=True)
+    best = ModelCheckpoint(dirpath=str(tmp_path / "best"), monitor="val_acc", mode="max")  # needs val_acc on all ranks
+    trainer = _trainer(tmp_path, 4, logger=logger, callbacks=[last, best, MetricRecorder(str(tmp_path))],
+                       log_every_n_steps=1)
+    trainer.fit(module, datamodule=dm)
+    test_acc = trainer.test(module, datamodule=dm, verbose=False)[0]["test_acc"]
+
+    runs = glob.glob(str(tmp_path / "run" / "version_*"))
+    assert len(runs) == 1
+    scalars = {}
+    for f in glob.glob(os.path.join(runs[0], "events.*")):
+        acc = EventAccumulator(f)
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            scalars[tag] = [e.value for e in acc.Scalars(tag)]
+    assert {"train_loss", "val_acc", "test_acc"} <= set(scalars)
+    last_stage = losses(read_metrics(str(tmp_path), rank=1))
+    torch.testing.assert_close(scalars["train_loss"], last_stage, atol=1e-6, rtol=0)
+
+    # The checkpoint holds every stage under the original names and loads strictly into the plain module.
+    state = torch.load(str(tmp_path / "ckpt" / "last.ckpt"), weights_only=False)
+    plain = GCNModule(16, 32, 4, 4)
+    plain.load_state_dict(state["state_dict"], strict=True)
+    plain.eval()
+    with torch.no_grad():
+        out = plain(graph.x, graph.edge_index)
+    acc = (out[graph.test_mask].argmax(-1) == graph.y[graph.test_mask]).float().mean()
+    assert float(acc) == pytest.approx(test_acc, abs=1e-6)
+    num_params = len(list(plain.parameters()))
+    opt_state = state["optimizer_states"][0]["state"]
+    assert sorted(opt_state) == list(range(num_params))  # every stage's Adam state
+    assert all(int(s["step"]) == 4 for s in opt_state.values())
+
+
+def test_resume_restores_optimizer_state(tmp_path, graph):
+    # K = 1 has no staleness, so a resumed run must continue exactly like an uninterrupted one.
+    dm = GraphChunkDataModule(graph, num_chunks=1)
+    full = fit(str(tmp_path / "full"), GCNModule(16, 32, 4, 4), dm, strategy=GNNPipeStrategy(), epochs=5)[0]
+    first = _trainer(tmp_path, 3, logger=False, callbacks=[ModelCheckpoint(dirpath=str(tmp_path / "c"),
+                                                                           save_last=True)],
+                     limit_val_batches=0)
+    first.fit(GCNModule(16, 32, 4, 4), datamodule=dm)
+    second = _trainer(tmp_path, 5, logger=False, callbacks=[MetricRecorder(str(tmp_path / "resumed")),
+                                                            ModelCheckpoint(dirpath=str(tmp_path / "c2"),
+                                                                            save_last=True)],
+                      limit_val_batches=0)
+    second.fit(GCNModule(16, 32, 4, 4), datamodule=dm, ckpt_path=str(tmp_path / "c" / "last.ckpt"))
+    resumed = read_metrics(str(tmp_path / "resumed"))
+    torch.testing.assert_close(losses(resumed), losses(full)[3:], atol=1e-6, rtol=0)
+    state = torch.load(str(tmp_path / "c2" / "last.ckpt"), weights_only=False)
+    assert all(int(s["step"]) == 5 for s in state["optimizer_states"][0]["state"].values())
+
+
+def test_registered_name(tmp_path, graph):
+    dm = GraphChunkDataModule(graph, num_chunks=2)
+    metrics = fit(str(tmp_path), GCNModule(16, 32, 2, 4), dm, strategy="gnnpipe", epochs=1)
+    assert len(metrics) == 2 and metrics[0] == metrics[1]
