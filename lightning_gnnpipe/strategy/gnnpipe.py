@@ -160,7 +160,8 @@ class GNNPipeStrategy(ParallelStrategy):
 
     def _configure_launcher(self) -> None:
         assert self.cluster_environment is not None
-        if self._start_method == "popen":
+        if self._start_method == "popen" or self.cluster_environment.creates_processes_externally:
+            # popen, or torchrun/SLURM already started the processes (then this launcher is a no-op)
             self._launcher = _SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
         else:
             self._launcher = _CheckedMultiProcessingLauncher(self, start_method=self._start_method)
