@@ -14,12 +14,13 @@ Only the chunk's own rows leave the stage, padded back to ``M`` rows.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_gnnpipe.history.halo_grad import HaloGradients
 from lightning_gnnpipe.history.history import History
 from lightning_gnnpipe.nn.normalization import normalized_convs, precomputed_norm
 from lightning_gnnpipe.nn.stack import uses_graph
@@ -36,6 +37,9 @@ class GNNStage(nn.Module):
             ``L + 1`` ints.
         graph: Chunk-local graph structure.
         x: Node features ``(|V|, F)``; needed by the stage that owns layer 0, else ``None``.
+        history_momentum: Moving-average momentum of the history tables (0: plain overwrite).
+        halo_gradients: ``"detach"`` drops the gradient that reaches halo rows (GNNAutoScale);
+            ``"stale"`` applies it to the owner chunk one epoch later (PipeGCN).
 
     Shapes:
         forward: ``h`` ``(M, dims[l_s])`` -> ``(M, dims[l_{s+1}])``; ``chunk_id`` ``(1,)``.
@@ -48,8 +52,12 @@ class GNNStage(nn.Module):
         dims: List[int],
         graph: ChunkGraph,
         x: Optional[Tensor] = None,
+        history_momentum: float = 0.0,
+        halo_gradients: str = "detach",
     ) -> None:
         super().__init__()
+        if halo_gradients not in ("detach", "stale"):
+            raise ValueError(f"GNNStage: `halo_gradients` must be 'detach' or 'stale' (got {halo_gradients!r}).")
         if 0 in layer_ids and x is None:
             raise ValueError("GNNStage: the stage that owns layer 0 needs the node features `x` (got None).")
         self.blocks = nn.ModuleList(blocks)
@@ -63,9 +71,12 @@ class GNNStage(nn.Module):
         num_nodes = sum(int(n.numel()) for n in graph.nodes)
         device = graph.nodes[0].device
         self.histories = nn.ModuleDict()
+        self.halo_grads = nn.ModuleDict()
         for j, layer in enumerate(self.layer_ids):
             if layer > 0 and self._uses_graph[j]:
-                self.histories[str(layer)] = History(num_nodes, dims[layer], device=device)
+                self.histories[str(layer)] = History(num_nodes, dims[layer], device=device, momentum=history_momentum)
+                if halo_gradients == "stale":
+                    self.halo_grads[str(layer)] = HaloGradients(num_nodes, dims[layer], device=device)
 
     def _run_block(self, j: int, x_local: Tensor, c: int) -> Tensor:
         with precomputed_norm(self._norm_convs[j], self.graph.norm_edges[c]):
@@ -87,11 +98,20 @@ class GNNStage(nn.Module):
                 table = self.histories[str(layer)]
                 table.push(nodes, h)
                 halo_rows = table.pull(halo)
+                if str(layer) in self.halo_grads:
+                    grads = self.halo_grads[str(layer)]
+                    halo_rows = grads.collect(halo_rows, halo)
+                    h = grads.apply(h, nodes)
             h = self._run_block(j, torch.cat([h, halo_rows.to(h.dtype)]), c)[:n]
         return F.pad(h, (0, 0, 0, self.graph.max_chunk_size - n))
 
+    def next_epoch(self) -> None:
+        """Start a training epoch: last epoch's collected halo gradients become the ones applied."""
+        for grads in self.halo_grads.values():
+            grads.next_epoch()
+
     @torch.no_grad()
-    def forward_full(self, h: Tensor, write_history: bool = False) -> Tensor:
+    def forward_full(self, h: Tensor, write_history: bool = False, drift: Optional[Dict[int, float]] = None) -> Tensor:
         """Compute this stage's layers exactly for the whole graph, layer by layer.
 
         Every layer sees fresh inputs for all nodes (no historical rows), so stacking the
@@ -101,6 +121,8 @@ class GNNStage(nn.Module):
         Args:
             h: Input embeddings of all nodes ``(|V|, dims[l_s])`` (``x`` for the first stage).
             write_history: Whether to refill the history tables.
+            drift: If given (with ``write_history``), receives each refreshed layer's drift
+                ``||old - exact|| / ||exact||`` before the refresh.
 
         Returns:
             Output embeddings of all nodes ``(|V|, dims[l_{s+1}])``.
@@ -108,7 +130,9 @@ class GNNStage(nn.Module):
         g = self.graph
         for j, layer in enumerate(self.layer_ids):
             if write_history and str(layer) in self.histories:
-                self.histories[str(layer)].emb.copy_(h)
+                d = self.histories[str(layer)].refresh(h)
+                if drift is not None:
+                    drift[layer] = d
             if not self._uses_graph[j]:
                 h = self.blocks[j](h, g.edge_index[0][:, :0])
                 continue

@@ -8,6 +8,7 @@ follows ``lightning.pytorch.strategies.DDPStrategy`` (Lightning 2.6); stages and
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 from typing import Any, Dict, List, Literal, Optional, Union
 
@@ -67,8 +68,17 @@ class GNNPipeStrategy(ParallelStrategy):
     Args:
         schedule: ``"gpipe"`` (default; exact for any ``training_step`` loss) or ``"1f1b"``
             (needs ``pipeline_chunk_loss`` on the module, see ``docs/quickstart.md``).
-        refresh_on_start: Fill the history tables with an exact forward at the start of fit,
-            instead of starting from zeros.
+        refresh_on_start: Fill the history tables with an exact forward at the start of fit (and
+            of a resumed fit), instead of starting from zeros.
+        refresh_every: Also refresh every this many epochs (0: never). Each refresh costs one
+            no-grad full-graph forward; its time is logged as ``gnnpipe/refresh_seconds``.
+        history_momentum: Moving-average momentum ``m`` of the history tables: a write stores
+            ``m * old + (1 - m) * new`` (0: plain overwrite).
+        halo_gradients: ``"detach"`` (default) drops gradients that reach halo rows;
+            ``"stale"`` applies them to the owner chunk one epoch later (PipeGCN-style).
+        log_staleness: Log per epoch ``gnnpipe/stale_edge_fraction`` (edges read historical, per
+            layer >= 1), ``gnnpipe/stale_age_epochs`` (their mean age) and, at each periodic refresh,
+            ``gnnpipe/drift_layer{l}`` (``||h_hist - h_exact|| / ||h_exact||``).
         timeout: Timeout of every collective (seconds as ``timedelta``); a rank that stops
             answering ends the job after this long. Default 600 s.
         start_method: ``"spawn"`` (default) or ``"popen"``; under torchrun/SLURM the processes
@@ -86,6 +96,10 @@ class GNNPipeStrategy(ParallelStrategy):
         self,
         schedule: str = "gpipe",
         refresh_on_start: bool = True,
+        refresh_every: int = 0,
+        history_momentum: float = 0.0,
+        halo_gradients: str = "detach",
+        log_staleness: bool = True,
         timeout: timedelta = timedelta(seconds=600),
         start_method: Literal["spawn", "popen"] = "spawn",
         process_group_backend: Optional[str] = None,
@@ -106,6 +120,18 @@ class GNNPipeStrategy(ParallelStrategy):
         if start_method not in ("spawn", "popen"):
             raise ValueError(f"GNNPipeStrategy: `start_method` must be 'spawn' or 'popen' (got {start_method!r}).")
         self.refresh_on_start = refresh_on_start
+        if isinstance(refresh_every, bool) or not isinstance(refresh_every, int) or refresh_every < 0:
+            raise ValueError(f"GNNPipeStrategy: `refresh_every` must be an int >= 0 epochs (got {refresh_every!r}).")
+        if not 0.0 <= history_momentum < 1.0:
+            raise ValueError(f"GNNPipeStrategy: `history_momentum` must be in [0, 1) (got {history_momentum}).")
+        if halo_gradients not in ("detach", "stale"):
+            raise ValueError(
+                f"GNNPipeStrategy: `halo_gradients` must be 'detach' or 'stale' (got {halo_gradients!r})."
+            )
+        self.refresh_every = refresh_every
+        self.history_momentum = history_momentum
+        self.halo_gradients = halo_gradients
+        self.log_staleness = log_staleness
         self._timeout = timeout
         self._start_method = start_method
         self._process_group_backend = process_group_backend
@@ -247,7 +273,9 @@ class GNNPipeStrategy(ParallelStrategy):
                        f"{min(plan.chunk_sizes)}-{plan.max_chunk_size} nodes, edge cut {plan.edge_cut:.3f}")
         blocks = [stack.blocks[i] for i in mine]
         graph = build_chunk_graph(plan, data.edge_index, blocks, device, dtype=x.dtype)
-        self._stage = GNNStage(blocks, mine, self._dims, graph, x=x if 0 in mine else None)
+        self._stage = GNNStage(blocks, mine, self._dims, graph, x=x if 0 in mine else None,
+                               history_momentum=self.history_momentum, halo_gradients=self.halo_gradients)
+        self._stale_stats = dm.stale_read_stats()
         self._num_nodes_graph = plan.num_nodes
         self._x_pad = plan.pad(data.x).to(device) if self.stage_index == 0 else None
         self._num_chunks = plan.num_chunks
@@ -263,7 +291,8 @@ class GNNPipeStrategy(ParallelStrategy):
             )
 
     # ------------------------------------------------------------------ exact full-graph forward
-    def _send_recv_full(self, h: Optional[Tensor], write_history: bool) -> Tensor:
+    def _send_recv_full(self, h: Optional[Tensor], write_history: bool,
+                        drift: Optional[Dict[int, float]] = None) -> Tensor:
         """Exact layer-by-layer forward through all stages; return logits ``(|V|, C)`` on every rank."""
         assert self._stage is not None
         n, s = self._num_nodes_graph, self.stage_index
@@ -273,23 +302,49 @@ class GNNPipeStrategy(ParallelStrategy):
         else:
             h = torch.empty(n, self._stage.in_channels, device=device)
             dist.recv(h, src=s - 1)
-        h = self._stage.forward_full(h, write_history=write_history).contiguous()
+        h = self._stage.forward_full(h, write_history=write_history, drift=drift).contiguous()
         if not self.is_last_stage:
             dist.send(h, dst=s + 1)
             h = torch.empty(n, self._dims[-1], device=device, dtype=h.dtype)
         dist.broadcast(h, src=self.num_stages - 1)
         return h
 
-    def refresh_history(self) -> None:
-        """Refill every stage's history tables with an exact no-grad full-graph forward."""
+    def refresh_history(self) -> Dict[int, float]:
+        """Refill every stage's history tables with an exact no-grad full-graph forward.
+
+        Returns:
+            Drift ``||h_hist - h_exact|| / ||h_exact||`` per refreshed layer, gathered from all stages.
+        """
         assert self._stage is not None
         flags = [(m, m.training) for m in self._stage.modules()]
         self._stage.eval()
+        drift: Dict[int, float] = {}
         try:
-            self._send_recv_full(None, write_history=True)
+            self._send_recv_full(None, write_history=True, drift=drift)
         finally:
             for m, flag in flags:
                 m.training = flag
+        gathered: List[Any] = [None] * self.num_stages
+        dist.all_gather_object(gathered, drift)
+        return {k: v for part in gathered for k, v in part.items()}
+
+    def _before_step(self) -> None:
+        """Periodic refresh, halo-gradient epoch switch and staleness logging, once per epoch."""
+        assert self._stage is not None
+        lm = self.lightning_module
+        epoch = lm.trainer.current_epoch
+        log = dict(batch_size=1, on_step=False, on_epoch=True)
+        if self.refresh_every and epoch > 0 and epoch % self.refresh_every == 0:
+            start = time.perf_counter()
+            drift = self.refresh_history()
+            if self.log_staleness:
+                lm.log("gnnpipe/refresh_seconds", time.perf_counter() - start, **log)
+                for layer, value in sorted(drift.items()):
+                    lm.log(f"gnnpipe/drift_layer{layer}", value, **log)
+        self._stage.next_epoch()
+        if self.log_staleness:
+            lm.log("gnnpipe/stale_edge_fraction", self._stale_stats[0], **log)
+            lm.log("gnnpipe/stale_age_epochs", self._stale_stats[1], **log)
 
     def on_train_start(self) -> None:
         super().on_train_start()
@@ -303,6 +358,7 @@ class GNNPipeStrategy(ParallelStrategy):
         batch = args[0]
         for p in lm.parameters():
             p.grad = None
+        self._before_step()
         ids = torch.arange(self._num_chunks, device=self.root_device)
         step_args = (self._x_pad,) if self.stage_index == 0 else ()
         step_kwargs: Dict[str, Any] = {"chunk_id": ids}
