@@ -33,7 +33,8 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 from lightning_gnnpipe import GraphChunkDataModule, find_layer_stack  # noqa: E402
 from lightning_gnnpipe import datasets as ds  # noqa: E402
-from lightning_gnnpipe.nn.stack import infer_dims  # noqa: E402
+from lightning_gnnpipe.nn.gcnii import GCNII  # noqa: E402
+from lightning_gnnpipe.nn.stack import infer_dims, takes_x0  # noqa: E402
 from lightning_gnnpipe.pipeline.graph import build_chunk_graph  # noqa: E402
 from lightning_gnnpipe.pipeline.stage import GNNStage  # noqa: E402
 from train import DeepResGCN  # noqa: E402  (examples/train.py)
@@ -53,6 +54,8 @@ MODELS: Dict[str, Callable[[int, int], nn.Module]] = {
     "resgcn16": lambda f, c: DeepResGCN(f, 64, c, 16, 0.5),
     "sage8": lambda f, c: GraphSAGE(f, 64, 8, c, dropout=0.5),
     "gat4": lambda f, c: GAT(f, 16, 4, c, heads=4, dropout=0.5),
+    "gcnii16": lambda f, c: GCNII(f, 64, c, 16, dropout=0.5),
+    "gcnii32": lambda f, c: GCNII(f, 64, c, 32, dropout=0.5),
 }
 
 # mode -> (num_chunks, stage options, refresh_on_start, refresh_every); None = exact full-graph training
@@ -67,6 +70,10 @@ MODES: Dict[str, object] = {
     "pipe-K8-halograd": (8, {"halo_gradients": "stale"}, True, 0),
 }
 TABLE_MODES = ["exact", "pipe-K4-plain", "pipe-K8-plain", "pipe-K8-default"]
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
 
 
 def metric(name: str, out: torch.Tensor, y: torch.Tensor, num_classes: int) -> float:
@@ -88,7 +95,8 @@ def run(dataset: str, data, model_name: str, mode: str, seed: int, epochs: int, 
         blocks = find_layer_stack(model).blocks
         dims = infer_dims(blocks, data.x[:2])
         graph = build_chunk_graph(plan, data.edge_index, blocks, torch.device("cpu"))
-        stage = GNNStage(blocks, list(range(len(blocks))), dims, graph, x=data.x, **options)
+        stage = GNNStage(blocks, list(range(len(blocks))), dims, graph, x=data.x,
+                         carry_x0=any(takes_x0(b) for b in blocks), **options)
         x_pad, m = plan.pad(data.x), plan.max_chunk_size
         nodes = torch.cat(list(plan.nodes))
     val_curve, test_curve, start = [], [], time.perf_counter()
@@ -102,7 +110,7 @@ def run(dataset: str, data, model_name: str, mode: str, seed: int, epochs: int, 
             out = model(data.x, data.edge_index)
         else:
             stage.next_epoch()
-            outs = [stage(x_pad[c * m: (c + 1) * m], torch.tensor([c]))[: plan.nodes[c].numel()]
+            outs = [stage(x_pad[c * m: (c + 1) * m], chunk_id=torch.tensor([c]))[: plan.nodes[c].numel()]
                     for c in range(plan.num_chunks)]
             out = torch.zeros(data.num_nodes, num_classes).index_put((nodes,), torch.cat(outs))
         F.cross_entropy(out[train], data.y[train]).backward()

@@ -116,3 +116,15 @@ def fit(directory: str, module: LightningModule, datamodule, devices: int = 2, s
 
 def losses(metrics: List[dict], key: str = "train_loss") -> List[float]:
     return [m[key] for m in metrics]
+
+
+class GCNIIModule(GCNModule):
+    """``GCNModule`` with a GCNII stack (h0 travels through the stages)."""
+
+    def __init__(self, in_channels: int, hidden: int, num_layers: int, out_channels: int, lr: float = 0.01,
+                 seed: int = 0) -> None:
+        super().__init__(in_channels, hidden, 1, out_channels, lr, seed)
+        from lightning_gnnpipe.nn.gcnii import GCNII
+
+        torch.manual_seed(seed)
+        self.gnn = GCNII(in_channels, hidden, out_channels, num_layers, dropout=0.0)

@@ -65,3 +65,13 @@ def test_techniques_equal_sequential_reference(tmp_path, graph):
     torch.testing.assert_close(losses(ranks[1]), ref, atol=1e-6, rtol=0)
     assert ranks[0][-1]["gnnpipe/stale_edge_fraction"] == pytest.approx(dm.stale_read_stats()[0])
     assert 0 < ranks[0][-1]["gnnpipe/drift_layer1"] < 1
+
+
+def test_gcnii_one_chunk_three_stages_equals_single_device(tmp_path, graph):
+    from tests.helpers import GCNIIModule
+
+    dm = GraphChunkDataModule(graph, num_chunks=1)
+    single = fit(str(tmp_path / "s"), GCNIIModule(16, 32, 4, 4), dm, devices=1, epochs=EPOCHS)[0]
+    ranks = fit(str(tmp_path / "p"), GCNIIModule(16, 32, 4, 4), dm, devices=3, strategy=GNNPipeStrategy(),
+                epochs=EPOCHS)
+    torch.testing.assert_close(losses(ranks[0]), losses(single), atol=1e-5, rtol=0)

@@ -17,7 +17,7 @@ The user's modules are wrapped, never changed or copied: the blocks share their 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import torch
 from torch import Tensor, nn
@@ -121,6 +121,20 @@ def find_layer_stack(module: nn.Module) -> LayerStack:
     return LayerStack(gnns[0], _blocks_of_basic_gnn(gnns[0]))
 
 
+def takes_x0(block: nn.Module) -> bool:
+    """Return whether a block is called ``block(x, edge_index, x0)`` with the initial embedding.
+
+    A block opts in with the attribute ``takes_x0 = True`` (GCNII-style models, whose layers mix in
+    the output of block 0; see ``docs/custom_models.md``).
+    """
+    return bool(getattr(block, "takes_x0", False))
+
+
+def call_block(block: nn.Module, x: Tensor, edge_index: Tensor, x0: Optional[Tensor]) -> Tensor:
+    """Call a block with ``x0`` if it takes one."""
+    return block(x, edge_index, x0) if takes_x0(block) else block(x, edge_index)
+
+
 def uses_graph(block: nn.Module) -> bool:
     """Return whether a block passes messages (needs halo rows) or is node-wise only."""
     return any(isinstance(m, MessagePassing) for m in block.modules())
@@ -139,9 +153,10 @@ def infer_dims(blocks: List[nn.Module], x_example: Tensor) -> List[int]:
     try:
         for b in blocks:
             b.eval()
-        x = x_example
-        for b in blocks:
-            x = b(x, edge_index)
+        x, x0 = x_example, None
+        for i, b in enumerate(blocks):
+            x = call_block(b, x, edge_index, x0)
+            x0 = x if i == 0 else x0
             dims.append(x.size(-1))
     finally:
         for m, flag in flags:

@@ -30,7 +30,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
-from lightning_gnnpipe.nn.stack import LayerStack, infer_dims
+from lightning_gnnpipe.nn.stack import LayerStack, infer_dims, takes_x0
 from lightning_gnnpipe.pipeline.graph import build_chunk_graph
 from lightning_gnnpipe.pipeline.loss import PipelineLoss
 from lightning_gnnpipe.pipeline.schedule import build_schedule, check_schedule
@@ -274,7 +274,8 @@ class GNNPipeStrategy(ParallelStrategy):
         blocks = [stack.blocks[i] for i in mine]
         graph = build_chunk_graph(plan, data.edge_index, blocks, device, dtype=x.dtype)
         self._stage = GNNStage(blocks, mine, self._dims, graph, x=x if 0 in mine else None,
-                               history_momentum=self.history_momentum, halo_gradients=self.halo_gradients)
+                               history_momentum=self.history_momentum, halo_gradients=self.halo_gradients,
+                               carry_x0=any(takes_x0(b) for b in stack.blocks))
         self._stale_stats = dm.stale_read_stats()
         self._num_nodes_graph = plan.num_nodes
         self._x_pad = plan.pad(data.x).to(device) if self.stage_index == 0 else None
@@ -285,7 +286,7 @@ class GNNPipeStrategy(ParallelStrategy):
             self._loss = PipelineLoss(graph, plan.num_nodes, mode) if self.is_last_stage else None
             self._schedule = build_schedule(
                 self._stage, self.stage_index, self.num_stages, device, plan.max_chunk_size,
-                self._stage.in_channels, self._stage.out_channels, self.schedule_name, plan.num_chunks,
+                self._stage.input_widths, self._stage.output_widths, self.schedule_name, plan.num_chunks,
                 # Every rank must pass a loss_fn: the schedules run backwards only when one is set.
                 self._loss if self._loss is not None else _not_last_stage,
             )
@@ -298,13 +299,17 @@ class GNNPipeStrategy(ParallelStrategy):
         n, s = self._num_nodes_graph, self.stage_index
         device = self.root_device
         if s == 0:
-            h = self._stage.x
+            inputs = [self._stage.x]
         else:
-            h = torch.empty(n, self._stage.in_channels, device=device)
-            dist.recv(h, src=s - 1)
-        h = self._stage.forward_full(h, write_history=write_history, drift=drift).contiguous()
+            inputs = [torch.empty(n, d, device=device) for d in self._stage.input_widths]
+            for t in inputs:
+                dist.recv(t, src=s - 1)
+        outputs = self._stage.forward_full(*inputs, write_history=write_history, drift=drift)
+        outputs = [t.contiguous() for t in (outputs if isinstance(outputs, tuple) else (outputs,))]
+        h = outputs[0]
         if not self.is_last_stage:
-            dist.send(h, dst=s + 1)
+            for t in outputs:
+                dist.send(t, dst=s + 1)
             h = torch.empty(n, self._dims[-1], device=device, dtype=h.dtype)
         dist.broadcast(h, src=self.num_stages - 1)
         return h
