@@ -29,6 +29,8 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.optim import Optimizer
 
+from lightning_gnnpipe.comm.accounting import CommStats, log_comm
+from lightning_gnnpipe.comm.pipeline import PipelineRecorder
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.nn.stack import LayerStack, infer_dims, takes_x0
 from lightning_gnnpipe.pipeline.graph import build_chunk_graph
@@ -142,6 +144,8 @@ class GNNPipeStrategy(ParallelStrategy):
         self._loss: Optional[PipelineLoss] = None
         self._grads: List[tuple] = []
         self._owners: Dict[int, int] = {}
+        self.comm_stats = CommStats()  # this rank's traffic in the last training step
+        self.comm_metrics: Dict[str, float] = {}  # every rank's, as logged (comm/...)
 
     # ------------------------------------------------------------------ plumbing (as DDP)
     @property
@@ -253,19 +257,18 @@ class GNNPipeStrategy(ParallelStrategy):
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
 
-    def _build(self, trainer: Trainer) -> None:
+    def _prepare(self, trainer: Trainer) -> tuple:
+        """Check the layout and that all ranks hold one plan; return ``(stack, plan, data, x)``."""
         dm: GraphChunkDataModule = trainer.datamodule
         stack = self._stack = self.check(trainer)
-        plan, data, device = dm.plan, dm.data, self.root_device
-        prints: List[Any] = [None] * self.num_stages
-        dist.all_gather_object(prints, plan.fingerprint())
-        if len(set(prints)) != 1:
-            raise RuntimeError(
-                f"GNNPipeStrategy: ranks built different chunk plans (got fingerprints {prints}). "
-                "Build the GraphChunkDataModule from the same graph on every rank, or pass `part=`."
-            )
-        x = data.x.to(device)
+        self._check_same_plan(dm.plan)
+        x = dm.data.x.to(self.root_device)
         self._dims = infer_dims(stack.blocks, x[:2])
+        return stack, dm.plan, dm.data, x
+
+    def _build(self, trainer: Trainer) -> None:
+        stack, plan, data, x = self._prepare(trainer)
+        device = self.root_device
         layers = split_layers(stack.num_layers, self.num_stages)
         self._owners = tensor_owners(stack.blocks, layers)
         mine = layers[self.stage_index]
@@ -289,6 +292,16 @@ class GNNPipeStrategy(ParallelStrategy):
                 self._stage.input_widths, self._stage.output_widths, self.schedule_name, plan.num_chunks,
                 # Every rank must pass a loss_fn: the schedules run backwards only when one is set.
                 self._loss if self._loss is not None else _not_last_stage,
+            )
+            self._recorder = PipelineRecorder(self._schedule, self.comm_stats)
+
+    def _check_same_plan(self, plan: Any) -> None:
+        prints: List[Any] = [None] * self.world_size
+        dist.all_gather_object(prints, plan.fingerprint())
+        if len(set(prints)) != 1:
+            raise RuntimeError(
+                f"{type(self).__name__}: ranks built different chunk plans (got fingerprints {prints}). "
+                "Build the GraphChunkDataModule from the same graph on every rank, or pass `part=`."
             )
 
     # ------------------------------------------------------------------ exact full-graph forward
@@ -372,6 +385,7 @@ class GNNPipeStrategy(ParallelStrategy):
             self._loss.reset(full_loss=lambda full: self._user_loss(full, batch, args, kwargs),
                              chunk_loss=lambda out, c: self._chunk_loss(out, c, batch))
             step_kwargs.update(target=ids, return_outputs=False)
+        self._recorder.begin()
         with self.precision_plugin.train_step_context():
             self._schedule.step(*step_args, **step_kwargs)
             if self.is_last_stage:
@@ -379,6 +393,9 @@ class GNNPipeStrategy(ParallelStrategy):
             else:
                 logits = torch.empty(self._num_nodes_graph, self._dims[-1], device=self.root_device)
             dist.broadcast(logits, src=self.num_stages - 1)
+            self._recorder.end()
+            self.comm_stats.record_broadcast("logits", logits, self.num_stages - 1, self.stage_index, self.num_stages)
+            self.comm_metrics = log_comm(lm, self.comm_stats)
             if self.is_last_stage and self._loss.step_output is not None:
                 output = self._loss.step_output
             else:
