@@ -133,8 +133,10 @@ def main() -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--epochs", type=int, default=200)
     p.add_argument("--lr", type=float, default=0.005)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--out", default=None, help="write the markdown table and PNG here (e.g. docs/results)")
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
 
     rows: List[Dict[str, object]] = []
     curves: Dict[str, Dict[str, List[float]]] = {}

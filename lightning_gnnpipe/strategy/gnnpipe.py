@@ -279,7 +279,7 @@ class GNNPipeStrategy(ParallelStrategy):
         self._stage = GNNStage(blocks, mine, self._dims, graph, x=x if 0 in mine else None,
                                history_momentum=self.history_momentum, halo_gradients=self.halo_gradients,
                                carry_x0=any(takes_x0(b) for b in stack.blocks))
-        self._stale_stats = dm.stale_read_stats()
+        self._stale_stats = trainer.datamodule.stale_read_stats()
         self._num_nodes_graph = plan.num_nodes
         self._x_pad = plan.pad(data.x).to(device) if self.stage_index == 0 else None
         self._num_chunks = plan.num_chunks
