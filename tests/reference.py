@@ -8,7 +8,8 @@ itself) and keeps the chunk's rows. It shares no code with ``GNNStage``.
 
 from __future__ import annotations
 
-from typing import List
+from functools import partial
+from typing import Callable, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -23,21 +24,27 @@ def gcn_layer(gnn, layer: int, x: torch.Tensor, edge_index: torch.Tensor) -> tor
     return h if layer == gnn.num_layers - 1 else F.relu(h)
 
 
-def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_on_start: bool = True) -> List[float]:
+def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_on_start: bool = True,
+                      layers: Optional[List[Callable]] = None) -> List[float]:
     """Train ``module`` (a ``GCNModule``) with the chunked algorithm in one process.
+
+    ``layers`` are the model's layers as ``layer(x, edge_index)`` callables (default: the
+    layers of the PyG ``GCN`` at ``module.gnn``).
 
     Returns the full-graph training loss of every epoch (as the user's ``training_step``
     computes it from the chunked output).
     """
     gnn = module.gnn
-    L, N = gnn.num_layers, data.num_nodes
+    if layers is None:
+        layers = [partial(gcn_layer, gnn, layer) for layer in range(gnn.num_layers)]
+    L, N = len(layers), data.num_nodes
     opt = module.configure_optimizers()
     tables: List[torch.Tensor] = []
     with torch.no_grad():
         h = data.x
         for layer in range(L):
             tables.append(h.clone() if (refresh_on_start or layer == 0) else torch.zeros_like(h))
-            h = gcn_layer(gnn, layer, h, data.edge_index)
+            h = layers[layer](h, data.edge_index)
     losses = []
     for _ in range(epochs):
         opt.zero_grad()
@@ -49,7 +56,7 @@ def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_
                 if layer > 0:
                     tables[layer][nodes] = h.detach()
                 mixed = tables[layer].index_put((nodes,), h)  # differentiable in the chunk's rows only
-                h = gcn_layer(gnn, layer, mixed, data.edge_index)[nodes]
+                h = layers[layer](mixed, data.edge_index)[nodes]
             outs.append(h)
         full = torch.zeros(N, outs[0].size(-1)).index_put(
             (torch.cat(list(plan.nodes)),), torch.cat(outs)

@@ -30,10 +30,10 @@ from torch.optim import Optimizer
 
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.nn.stack import LayerStack, infer_dims
+from lightning_gnnpipe.pipeline.balance import check_balance, stage_layers
 from lightning_gnnpipe.pipeline.graph import build_chunk_graph
 from lightning_gnnpipe.pipeline.loss import PipelineLoss
 from lightning_gnnpipe.pipeline.schedule import build_schedule, check_schedule
-from lightning_gnnpipe.pipeline.split import split_layers
 from lightning_gnnpipe.pipeline.stage import GNNStage
 from lightning_gnnpipe.strategy.checks import CHUNK_LOSS_HOOK, check_layout
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
@@ -69,6 +69,9 @@ class GNNPipeStrategy(ParallelStrategy):
             (needs ``pipeline_chunk_loss`` on the module, see ``docs/quickstart.md``).
         refresh_on_start: Fill the history tables with an exact forward at the start of fit,
             instead of starting from zeros.
+        balance: How layers are cut into stages: ``"count"`` (default; equal numbers of
+            layers) or ``"time"`` (equal measured forward+backward time, profiled once on one
+            chunk on rank 0; see :mod:`lightning_gnnpipe.pipeline.balance`).
         timeout: Timeout of every collective (seconds as ``timedelta``); a rank that stops
             answering ends the job after this long. Default 600 s.
         start_method: ``"spawn"`` (default) or ``"popen"``; under torchrun/SLURM the processes
@@ -76,7 +79,7 @@ class GNNPipeStrategy(ParallelStrategy):
         process_group_backend: ``"gloo"`` (CPU default) or ``"nccl"`` (GPU default).
 
     Raises:
-        ValueError: Unknown ``schedule`` or ``start_method`` (here); bad layouts before the
+        ValueError: Unknown ``schedule``, ``balance`` or ``start_method`` (here); bad layouts before the
             process group starts (see :func:`~lightning_gnnpipe.strategy.checks.check_layout`).
     """
 
@@ -86,6 +89,7 @@ class GNNPipeStrategy(ParallelStrategy):
         self,
         schedule: str = "gpipe",
         refresh_on_start: bool = True,
+        balance: str = "count",
         timeout: timedelta = timedelta(seconds=600),
         start_method: Literal["spawn", "popen"] = "spawn",
         process_group_backend: Optional[str] = None,
@@ -106,6 +110,7 @@ class GNNPipeStrategy(ParallelStrategy):
         if start_method not in ("spawn", "popen"):
             raise ValueError(f"GNNPipeStrategy: `start_method` must be 'spawn' or 'popen' (got {start_method!r}).")
         self.refresh_on_start = refresh_on_start
+        self.balance = check_balance(balance)
         self._timeout = timeout
         self._start_method = start_method
         self._process_group_backend = process_group_backend
@@ -239,7 +244,7 @@ class GNNPipeStrategy(ParallelStrategy):
             )
         x = data.x.to(device)
         self._dims = infer_dims(stack.blocks, x[:2])
-        layers = split_layers(stack.num_layers, self.num_stages)
+        layers = stage_layers(self.balance, stack.blocks, self.num_stages, plan, data.edge_index, x)
         self._owners = tensor_owners(stack.blocks, layers)
         mine = layers[self.stage_index]
         rank_zero_info(f"GNNPipeStrategy: stage -> layers {layers}; {plan.num_chunks} chunks of "
