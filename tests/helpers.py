@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import List, Optional
 
+import pytest
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback, LightningModule
@@ -14,6 +15,15 @@ from torch_geometric.data import Data
 from torch_geometric.nn import DeepGCNLayer, GCNConv
 from torch_geometric.nn.models import GCN
 from torch_geometric.utils import stochastic_blockmodel_graph
+
+
+@pytest.fixture()
+def one_thread():
+    """Run the test with one intra-op thread: on a busy 2-core machine two threads are 10-100x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def sbm_graph(num_nodes: int = 400, num_classes: int = 4, num_features: int = 16, seed: int = 0) -> Data:

@@ -10,6 +10,7 @@ from torch_geometric.nn.models import GCN, GraphSAGE
 from lightning_gnnpipe import GNNPipeStrategy, build_chunk_plan, find_layer_stack
 from lightning_gnnpipe.pipeline.balance import balanced_split, profile_layer_costs, stage_layers
 from lightning_gnnpipe.pipeline.split import split_layers
+from tests.helpers import one_thread  # noqa: F401 (fixture)
 
 
 def brute_force(costs, num_stages):
@@ -59,15 +60,6 @@ def test_balanced_split_errors(costs, stages, match):
 def test_unknown_balance_is_refused():
     with pytest.raises(ValueError, match=r"unknown `balance` 'memory'. Use one of \['count', 'time'\]"):
         GNNPipeStrategy(balance="memory")
-
-
-@pytest.fixture()
-def one_thread():
-    # Timing with 2 intra-op threads on a busy 2-core machine is 10-100x slower and erratic.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_profile_measures_each_layer_and_changes_nothing(cora, one_thread):

@@ -14,7 +14,7 @@ from torch_geometric.utils import degree
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, find_layer_stack
 from lightning_gnnpipe.nn.feature_norm import check_feature_norms
-from tests.helpers import GNNModule, ResGCN, fit, losses, sbm_graph
+from tests.helpers import GNNModule, ResGCN, fit, losses, one_thread, sbm_graph  # noqa: F401 (fixture)
 from tests.reference import chunked_reference
 from tests.test_stage import make_stages, refreshed_chunked_forward
 
@@ -40,12 +40,8 @@ ZOO = {
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny graphs: 2 intra-op threads only add contention on a busy 2-core machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
     yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
