@@ -11,7 +11,6 @@ arXiv 1811.06965, arXiv 1806.03377).
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import List, Optional, Sequence
 
@@ -23,7 +22,7 @@ from torch import Tensor, nn
 from lightning_gnnpipe.data.chunk import ChunkPlan
 from lightning_gnnpipe.nn.normalization import normalized_convs, precomputed_norm
 from lightning_gnnpipe.nn.stack import infer_dims, uses_graph
-from lightning_gnnpipe.pipeline.graph import build_chunk_graph
+from lightning_gnnpipe.pipeline.graph import ChunkGraph, build_chunk_graph
 from lightning_gnnpipe.pipeline.split import split_layers
 
 BALANCES = ("count", "time")
@@ -92,7 +91,7 @@ def _sync(device: torch.device) -> None:
 
 @torch.enable_grad()
 def profile_layer_costs(
-    blocks: List[nn.Module], plan: ChunkPlan, edge_index: Tensor, x: Tensor, chunk: int = 0, repeats: int = 3
+    blocks: List[nn.Module], plan: ChunkPlan, edge_index: Tensor, x: Tensor, chunk: int = 0, repeats: int = 5
 ) -> List[float]:
     """Measure each block's forward+backward time on one chunk, as a stage would run it.
 
@@ -107,7 +106,7 @@ def profile_layer_costs(
         edge_index: Edges of the whole graph ``(2, |E|)``.
         x: Node features ``(|V|, F)``, on the device to measure on.
         chunk: Which chunk to run.
-        repeats: Timed runs per block after one warm-up; the median is kept.
+        repeats: Timed runs per block after one warm-up round; the fastest is kept.
 
     Returns:
         ``L`` times in seconds.
@@ -115,35 +114,40 @@ def profile_layer_costs(
     device = x.device
     graph = build_chunk_graph(plan, edge_index, blocks, device, dtype=x.dtype)
     dims = infer_dims(blocks, x[:2])
-    nodes, halo = graph.nodes[chunk], graph.halo[chunk]
-    local = torch.cat([nodes, halo])
     saved = [(t, t.detach().clone()) for b in blocks for t in b.buffers()]
-    costs: List[float] = []
+    times: List[List[float]] = [[] for _ in blocks]
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        for j, block in enumerate(blocks):
-            graph_block = uses_graph(block)
-            rows = local.numel() if graph_block else nodes.numel()
-            ei = graph.edge_index[chunk] if graph_block else graph.edge_index[chunk][:, :0]
-            params = [p for p in block.parameters() if p.requires_grad]
-            times = []
-            for r in range(repeats + 1):
-                h = x[local[:rows]] if j == 0 else torch.randn(rows, dims[j], device=device, dtype=x.dtype)
-                h.requires_grad_(j > 0)
-                inputs = ([h] if j > 0 else []) + params
-                _sync(device)
-                start = time.perf_counter()
-                with precomputed_norm(normalized_convs(block), graph.norm_edges[chunk]):
-                    out = block(h, ei)
-                if inputs:
-                    torch.autograd.grad(out, inputs, grad_outputs=torch.ones_like(out), allow_unused=True)
-                _sync(device)
+        # Round-robin over the blocks, keeping each block's fastest run: a burst of load from
+        # elsewhere then slows one run of every block instead of every run of one block.
+        for r in range(repeats + 1):
+            for j, block in enumerate(blocks):
+                seconds = _time_block(block, j, graph, chunk, dims[j], x)
                 if r > 0:
-                    times.append(time.perf_counter() - start)
-            costs.append(statistics.median(times))
+                    times[j].append(seconds)
     with torch.no_grad():
         for t, value in saved:
             t.copy_(value)
-    return costs
+    return [min(t) for t in times]
+
+
+def _time_block(block: nn.Module, j: int, graph: ChunkGraph, chunk: int, in_channels: int, x: Tensor) -> float:
+    """Seconds of one forward+backward of block ``j`` on chunk ``chunk``, as its stage runs it."""
+    device = x.device
+    nodes, halo = graph.nodes[chunk], graph.halo[chunk]
+    graph_block = uses_graph(block)
+    local = torch.cat([nodes, halo]) if graph_block else nodes
+    ei = graph.edge_index[chunk] if graph_block else graph.edge_index[chunk][:, :0]
+    h = x[local] if j == 0 else torch.randn(local.numel(), in_channels, device=device, dtype=x.dtype)
+    h.requires_grad_(j > 0)
+    inputs = ([h] if j > 0 else []) + [p for p in block.parameters() if p.requires_grad]
+    _sync(device)
+    start = time.perf_counter()
+    with precomputed_norm(normalized_convs(block), graph.norm_edges[chunk]):
+        out = block(h, ei)
+    if inputs:
+        torch.autograd.grad(out, inputs, grad_outputs=torch.ones_like(out), allow_unused=True)
+    _sync(device)
+    return time.perf_counter() - start
 
 
 def stage_layers(
