@@ -14,6 +14,7 @@ from torch_geometric.utils import degree
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, find_layer_stack
 from lightning_gnnpipe.nn.feature_norm import check_feature_norms
+from lightning_gnnpipe.strategy.checks import check_layout
 from tests.helpers import GNNModule, ResGCN, fit, losses, one_thread, sbm_graph  # noqa: F401 (fixture)
 from tests.reference import chunked_reference
 from tests.test_stage import make_stages, refreshed_chunked_forward
@@ -106,6 +107,14 @@ def test_graph_wide_norms_are_refused(kwargs, name):
     blocks = find_layer_stack(GCN(F_IN, 32, 3, C, **kwargs)).blocks
     with pytest.raises(ValueError, match=rf"layer 0 holds {name}, which normalises over all the rows"):
         check_feature_norms(blocks)
+
+
+def test_strategy_checks_run_the_norm_checks(graph):
+    dm = GraphChunkDataModule(graph, num_chunks=2)
+    with pytest.warns(UserWarning, match="statistics are computed per chunk"):
+        check_layout(GNNModule(GraphSAGE(F_IN, 32, 3, C, norm="batch_norm")), dm, 2, "gpipe")
+    with pytest.raises(ValueError, match=r"holds LayerNorm\(mode='graph'\)"):
+        check_layout(GNNModule(GCN(F_IN, 32, 3, C, norm="layer_norm")), dm, 2, "gpipe")
 
 
 # Fit: the pipelined training equals the single-process chunked reference (no dropout), or trains
