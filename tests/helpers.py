@@ -16,6 +16,8 @@ from torch_geometric.nn import DeepGCNLayer, GCNConv
 from torch_geometric.nn.models import GCN
 from torch_geometric.utils import stochastic_blockmodel_graph
 
+from lightning_gnnpipe.nn.stack import NodeWise
+
 
 @pytest.fixture()
 def one_thread():
@@ -108,8 +110,8 @@ class ResGCN(nn.Module):
         super().__init__()
         layers = [DeepGCNLayer(GCNConv(hidden, hidden), nn.LayerNorm(hidden), nn.ReLU(), block="res+",
                                dropout=dropout) for _ in range(num_layers)]
-        self.blocks = nn.ModuleList([_NodeWise(nn.Linear(in_channels, hidden))] + layers
-                                    + [_NodeWise(nn.Linear(hidden, out_channels))])
+        self.blocks = nn.ModuleList([NodeWise(nn.Linear(in_channels, hidden))] + layers
+                                    + [NodeWise(nn.Linear(hidden, out_channels))])
 
     def pipeline_blocks(self):
         return self.blocks
@@ -118,15 +120,6 @@ class ResGCN(nn.Module):
         for block in self.blocks:
             x = block(x, edge_index)
         return x
-
-
-class _NodeWise(nn.Module):
-    def __init__(self, lin: nn.Module) -> None:
-        super().__init__()
-        self.lin = lin
-
-    def forward(self, x, edge_index):
-        return self.lin(x)
 
 
 class MetricRecorder(Callback):

@@ -108,7 +108,8 @@ def find_layer_stack(module: nn.Module) -> LayerStack:
 
     Raises:
         TypeError: If no stack is found.
-        ValueError: If several stacks are found, or a block list is empty.
+        ValueError: If several stacks are found, a block list is empty, or a ``BasicGNN`` uses
+            ``jk='cat'``, ``'max'`` or ``'lstm'``.
     """
     declared = [m for m in module.modules() if callable(getattr(m, "pipeline_blocks", None))]
     if len(declared) > 1:
