@@ -3,9 +3,11 @@
 Two kinds of model are understood:
 
 1. A PyG :class:`~torch_geometric.nn.models.basic_gnn.BasicGNN` (``GCN``, ``GraphSAGE``,
-   ``GIN``, ``GAT``, ...) anywhere inside the LightningModule: layer ``i`` is ``convs[i]``
-   followed, except after the last layer, by the model's norm, activation and dropout,
-   exactly as ``BasicGNN.forward`` does it.
+   ``GIN``, ``GAT``, ``PNA``, ...) anywhere inside the LightningModule: layer ``i`` is
+   ``convs[i]`` followed, except after the last layer, by the model's norm, activation and
+   dropout, exactly as ``BasicGNN.forward`` does it. With ``jk="last"`` every conv layer
+   gets norm/activation/dropout and one node-wise block applies the final ``lin``; the other
+   jumping-knowledge modes need every layer's output at the head and are refused.
 2. Any module (the LightningModule itself or a submodule) with a method
    ``pipeline_blocks() -> Sequence[nn.Module]``: each block is called ``block(x, edge_index)``
    and returns the next ``x``; the module's ``forward(x, edge_index)`` must be exactly the
@@ -46,13 +48,13 @@ class BasicGNNLayer(nn.Module):
     """Layer ``index`` of a PyG ``BasicGNN``: conv, then norm/activation/dropout if not last.
 
     Shares the parameters of ``gnn`` (no copy). Mirrors ``BasicGNN.forward`` in
-    torch_geometric 2.8 for ``jk=None``.
+    torch_geometric 2.8 for ``jk=None`` and ``jk="last"``.
     """
 
     def __init__(self, gnn: BasicGNN, index: int) -> None:
         super().__init__()
         self.conv = gnn.convs[index]
-        self.is_last = index == gnn.num_layers - 1
+        self.is_last = index == gnn.num_layers - 1 and gnn.jk_mode is None
         if not self.is_last:
             self.norm = gnn.norms[index] if gnn.norms is not None else nn.Identity()
             self.act = gnn.act
@@ -71,14 +73,28 @@ class BasicGNNLayer(nn.Module):
         return self.dropout(x)
 
 
+class NodeWise(nn.Module):
+    """Call a node-wise module (``module(x)``) with the block signature ``(x, edge_index)``."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        return self.module(x)
+
+
 def _blocks_of_basic_gnn(gnn: BasicGNN) -> List[nn.Module]:
-    if gnn.jk_mode is not None:
+    if gnn.jk_mode not in (None, "last"):
         raise ValueError(
-            f"find_layer_stack: {type(gnn).__name__}(jk={gnn.jk_mode!r}) needs every layer's output "
+            f"find_layer_stack: {type(gnn).__name__}(jk={gnn.jk_mode!r}) combines every layer's output "
             "at the head, which a pipeline does not carry between stages (got jk="
-            f"{gnn.jk_mode!r}). Use jk=None."
+            f"{gnn.jk_mode!r}). Use jk=None or jk='last'."
         )
-    return [BasicGNNLayer(gnn, i) for i in range(gnn.num_layers)]
+    blocks: List[nn.Module] = [BasicGNNLayer(gnn, i) for i in range(gnn.num_layers)]
+    if gnn.jk_mode == "last":
+        blocks.append(NodeWise(gnn.lin))
+    return blocks
 
 
 def find_layer_stack(module: nn.Module) -> LayerStack:
@@ -92,7 +108,8 @@ def find_layer_stack(module: nn.Module) -> LayerStack:
 
     Raises:
         TypeError: If no stack is found.
-        ValueError: If several stacks are found, or a block list is empty.
+        ValueError: If several stacks are found, a block list is empty, or a ``BasicGNN`` uses
+            ``jk='cat'``, ``'max'`` or ``'lstm'``.
     """
     declared = [m for m in module.modules() if callable(getattr(m, "pipeline_blocks", None))]
     if len(declared) > 1:

@@ -7,6 +7,7 @@ from typing import Optional
 from torch import nn
 
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
+from lightning_gnnpipe.nn.feature_norm import check_feature_norms
 from lightning_gnnpipe.nn.normalization import check_supported
 from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack
 from lightning_gnnpipe.pipeline.schedule import check_schedule
@@ -22,7 +23,8 @@ def check_layout(
 
     Raises:
         TypeError: No ``GraphChunkDataModule``, or no splittable layer stack.
-        ValueError: More stages than layers, a multi-hop conv, a schedule that cannot run with
+        ValueError: More stages than layers, a multi-hop conv, a graph-wide norm layer (see
+            :func:`~lightning_gnnpipe.nn.feature_norm.check_feature_norms`), a schedule that cannot run with
             the given ``K`` and ``S``, or a non-GPipe schedule without ``pipeline_chunk_loss``.
     """
     if not isinstance(datamodule, GraphChunkDataModule):
@@ -32,6 +34,7 @@ def check_layout(
         )
     stack = find_layer_stack(module)
     check_supported(stack.blocks)
+    check_feature_norms(stack.blocks)
     try:
         split_layers(stack.num_layers, num_stages)
     except ValueError as err:

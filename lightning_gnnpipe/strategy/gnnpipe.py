@@ -33,10 +33,10 @@ from lightning_gnnpipe.comm.accounting import CommStats, log_comm
 from lightning_gnnpipe.comm.pipeline import PipelineRecorder
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.nn.stack import LayerStack, infer_dims, takes_x0
+from lightning_gnnpipe.pipeline.balance import check_balance, stage_layers
 from lightning_gnnpipe.pipeline.graph import build_chunk_graph
 from lightning_gnnpipe.pipeline.loss import PipelineLoss
 from lightning_gnnpipe.pipeline.schedule import build_schedule, check_schedule
-from lightning_gnnpipe.pipeline.split import split_layers
 from lightning_gnnpipe.pipeline.stage import GNNStage
 from lightning_gnnpipe.strategy.checks import CHUNK_LOSS_HOOK, check_layout
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
@@ -81,6 +81,9 @@ class GNNPipeStrategy(ParallelStrategy):
         log_staleness: Log per epoch ``gnnpipe/stale_edge_fraction`` (edges read historical, per
             layer >= 1), ``gnnpipe/stale_age_epochs`` (their mean age) and, at each periodic refresh,
             ``gnnpipe/drift_layer{l}`` (``||h_hist - h_exact|| / ||h_exact||``).
+        balance: How layers are cut into stages: ``"count"`` (default; equal numbers of
+            layers) or ``"time"`` (equal measured forward+backward time, profiled once on one
+            chunk on rank 0; see :mod:`lightning_gnnpipe.pipeline.balance`).
         timeout: Timeout of every collective (seconds as ``timedelta``); a rank that stops
             answering ends the job after this long. Default 600 s.
         start_method: ``"spawn"`` (default) or ``"popen"``; under torchrun/SLURM the processes
@@ -88,7 +91,7 @@ class GNNPipeStrategy(ParallelStrategy):
         process_group_backend: ``"gloo"`` (CPU default) or ``"nccl"`` (GPU default).
 
     Raises:
-        ValueError: Unknown ``schedule`` or ``start_method`` (here); bad layouts before the
+        ValueError: Unknown ``schedule``, ``balance`` or ``start_method`` (here); bad layouts before the
             process group starts (see :func:`~lightning_gnnpipe.strategy.checks.check_layout`).
     """
 
@@ -102,6 +105,7 @@ class GNNPipeStrategy(ParallelStrategy):
         history_momentum: float = 0.0,
         halo_gradients: str = "detach",
         log_staleness: bool = True,
+        balance: str = "count",
         timeout: timedelta = timedelta(seconds=600),
         start_method: Literal["spawn", "popen"] = "spawn",
         process_group_backend: Optional[str] = None,
@@ -134,6 +138,7 @@ class GNNPipeStrategy(ParallelStrategy):
         self.history_momentum = history_momentum
         self.halo_gradients = halo_gradients
         self.log_staleness = log_staleness
+        self.balance = check_balance(balance)
         self._timeout = timeout
         self._start_method = start_method
         self._process_group_backend = process_group_backend
@@ -269,7 +274,7 @@ class GNNPipeStrategy(ParallelStrategy):
     def _build(self, trainer: Trainer) -> None:
         stack, plan, data, x = self._prepare(trainer)
         device = self.root_device
-        layers = split_layers(stack.num_layers, self.num_stages)
+        layers = stage_layers(self.balance, stack.blocks, self.num_stages, plan, data.edge_index, x)
         self._owners = tensor_owners(stack.blocks, layers)
         mine = layers[self.stage_index]
         rank_zero_info(f"GNNPipeStrategy: stage -> layers {layers}; {plan.num_chunks} chunks of "
