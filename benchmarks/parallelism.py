@@ -232,6 +232,30 @@ def plot(results: dict, png: str) -> None:
     fig.savefig(png, dpi=120)
 
 
+def print_plans(args) -> None:
+    """The planner's table per dataset, depth and process count, from measured per-layer times."""
+    from torch_geometric.nn.models import GCN
+
+    from lightning_gnnpipe import find_layer_stack
+    from lightning_gnnpipe.comm.planner import estimate_layouts, format_table, measure_layer_seconds
+
+    for name in args.datasets:
+        data = load(name, args.sbm_nodes)
+        for L in args.layers:
+            gnn = GCN(data.num_features, args.hidden, L, int(data.y.max()) + 1)
+            blocks = find_layer_stack(gnn).blocks
+            seconds = measure_layer_seconds(blocks, data.x, data.edge_index)
+            dims = [data.num_features] + [args.hidden] * (L - 1) + [int(data.y.max()) + 1]
+            params = sum(p.numel() for p in gnn.parameters())
+            for p in args.procs:
+                est = estimate_layouts(data.edge_index, data.num_nodes, dims, seconds, p, args.bandwidth,
+                                       chunks_per_stage=args.chunks_per_stage, num_params=params,
+                                       num_param_tensors=len(list(gnn.parameters())))
+                print(f"\n{name}, L={L}, {p} processes, bandwidth {args.bandwidth:.2e} B/s, "
+                      f"measured layer time {sum(seconds):.3f} s/epoch on 1 process")
+                print(format_table(est))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--datasets", nargs="+", default=["cora"])
@@ -245,7 +269,12 @@ def main() -> None:
     parser.add_argument("--analytic-only", action="store_true")
     parser.add_argument("--json", default=None, help="append the results to this JSON file")
     parser.add_argument("--plot", default=None, help="only draw a PNG from --json, then exit")
+    parser.add_argument("--plan", action="store_true", help="print the planner's estimates and exit")
+    parser.add_argument("--bandwidth", type=float, default=1e9, help="planner: bytes/s between two ranks")
     args = parser.parse_args()
+    if args.plan:
+        print_plans(args)
+        return
     if args.plot:
         results = json.loads(Path(args.json).read_text())
         print_tables(results["analytic"], results["measured"])

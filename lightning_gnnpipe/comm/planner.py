@@ -1,0 +1,153 @@
+"""Planner (first version): estimate epoch time and bytes of each layout and recommend one.
+
+A cost model, not a measurement: per-epoch time = compute + communication, where
+
+* compute comes from measured full-graph forward+backward seconds per layer on one process
+  (:func:`measure_layer_seconds`), scaled by the rows a rank works on (inner plus halo rows);
+* GNNPipe (``S`` stages, ``K`` chunks) runs its slowest stage ``(K + S - 1) / K`` times (GPipe's
+  fill and drain bubble, Huang et al., arXiv 1811.06965);
+* communication is the analytic byte count of :mod:`lightning_gnnpipe.comm.volume` divided by a
+  measured or assumed point-to-point bandwidth (bytes per second), each rank sending its share in
+  parallel, with no overlap of communication and compute (a conservative bound).
+
+Hybrid layouts (``S > 1`` and ``G > 1``) are not implemented by the strategies and are not planned.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from lightning_gnnpipe.comm.volume import graph_parallel_volume, pipeline_volume
+from lightning_gnnpipe.data.chunk import ChunkPlan, build_chunk_plan
+from lightning_gnnpipe.pipeline.split import split_layers
+
+
+@dataclass
+class LayoutEstimate:
+    """Estimated cost of one layout.
+
+    Attributes:
+        mode: ``"gnnpipe"`` or ``"graph_parallel"``.
+        stages: ``S``. graph_parallel: ``G``. chunks: ``K`` (``G`` for graph parallelism).
+        bytes_per_epoch: Bytes sent per epoch, all ranks together.
+        compute_seconds: Slowest rank's compute per epoch, bubble included (seconds).
+        comm_seconds: Communication per epoch (seconds).
+    """
+
+    mode: str
+    stages: int
+    graph_parallel: int
+    chunks: int
+    bytes_per_epoch: int
+    compute_seconds: float
+    comm_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        """Estimated epoch time (seconds)."""
+        return self.compute_seconds + self.comm_seconds
+
+
+def _halo_ratio(plan: ChunkPlan) -> List[float]:
+    """Per chunk: rows it processes (inner + halo) over ``|V|``."""
+    n = plan.num_nodes
+    return [(int(a.numel()) + int(b.numel())) / n for a, b in zip(plan.nodes, plan.halo)]
+
+
+def estimate_layouts(
+    edge_index: Tensor,
+    num_nodes: int,
+    dims: Sequence[int],
+    layer_seconds: Sequence[float],
+    num_processes: int,
+    bandwidth: float,
+    chunks_per_stage: Sequence[int] = (2, 4, 8),
+    num_params: int = 0,
+    num_param_tensors: int = 0,
+    plan_fn: Callable[[Tensor, int, int], ChunkPlan] = build_chunk_plan,
+) -> List[LayoutEstimate]:
+    """Estimate GNNPipe (``S = P``, several ``K``) and graph parallelism (``G = P``) on ``P`` processes.
+
+    Args:
+        edge_index: Edges ``(2, |E|)``.
+        num_nodes: ``|V|``.
+        dims: Width entering each layer and leaving the last, ``L + 1`` ints.
+        layer_seconds: Full-graph forward+backward time of each layer on one process (seconds).
+        num_processes: ``P``.
+        bandwidth: Point-to-point bandwidth (bytes per second).
+        chunks_per_stage: GNNPipe candidates ``K = k * S``.
+        num_params, num_param_tensors: Trainable values and tensors (graph parallelism's all-reduce).
+
+    Returns:
+        Estimates sorted by estimated epoch time, fastest first.
+
+    Raises:
+        ValueError: If ``len(layer_seconds) != len(dims) - 1`` or ``bandwidth <= 0``.
+    """
+    num_layers = len(dims) - 1
+    if len(layer_seconds) != num_layers:
+        raise ValueError(f"estimate_layouts: need one time per layer, {num_layers} (got {len(layer_seconds)}).")
+    if bandwidth <= 0:
+        raise ValueError(f"estimate_layouts: `bandwidth` must be > 0 bytes/s (got {bandwidth}).")
+    p = num_processes
+    out: List[LayoutEstimate] = []
+    if p <= num_layers:
+        stages = split_layers(num_layers, p)
+        for k in chunks_per_stage:
+            plan = plan_fn(edge_index, num_nodes, k * p)
+            ratio = sum(_halo_ratio(plan))  # rows processed per layer over |V|
+            slowest = max(sum(layer_seconds[i] for i in s) for s in stages) * ratio
+            compute = slowest * (plan.num_chunks + p - 1) / plan.num_chunks
+            volume = sum(pipeline_volume(plan, list(dims), p).values())
+            out.append(LayoutEstimate("gnnpipe", p, 1, plan.num_chunks, volume, compute,
+                                      volume / max(p - 1, 1) / bandwidth if p > 1 else 0.0))
+    plan = plan_fn(edge_index, num_nodes, p)
+    compute = sum(layer_seconds) * max(_halo_ratio(plan))
+    graph_layers = [True] * num_layers
+    volume = sum(graph_parallel_volume(plan, list(dims), graph_layers, num_params, num_param_tensors).values())
+    out.append(LayoutEstimate("graph_parallel", 1, p, p, volume, compute, volume / p / bandwidth if p > 1 else 0.0))
+    return sorted(out, key=lambda e: e.seconds)
+
+
+def measure_layer_seconds(blocks: Sequence[nn.Module], x: Tensor, edge_index: Tensor, repeats: int = 3) -> List[float]:
+    """Time each block's full-graph forward+backward on one process (best of ``repeats``, seconds)."""
+    out: List[float] = []
+    h = x
+    for block in blocks:
+        best: Optional[float] = None
+        for _ in range(repeats):
+            inp = h.detach().requires_grad_(h.is_floating_point())
+            start = time.perf_counter()
+            y = block(inp, edge_index)
+            y.float().sum().backward()
+            elapsed = time.perf_counter() - start
+            best = elapsed if best is None else min(best, elapsed)
+        for prm in block.parameters():
+            prm.grad = None
+        with torch.no_grad():
+            h = block(h, edge_index)
+        out.append(float(best))
+    return out
+
+
+def format_table(estimates: List[LayoutEstimate]) -> str:
+    """Render estimates as a markdown table (bytes in MiB, times in seconds); the first row is recommended."""
+    lines = ["| mode | S | G | K | MiB/epoch | compute s | comm s | epoch s |", "|---|---|---|---|---|---|---|---|"]
+    for i, e in enumerate(estimates):
+        mark = " (recommended)" if i == 0 else ""
+        lines.append(f"| {e.mode}{mark} | {e.stages} | {e.graph_parallel} | {e.chunks} | "
+                     f"{e.bytes_per_epoch / 2**20:.1f} | {e.compute_seconds:.3f} | {e.comm_seconds:.3f} | "
+                     f"{e.seconds:.3f} |")
+    return "\n".join(lines)
+
+
+def recommend(estimates: List[LayoutEstimate]) -> Dict[str, int]:
+    """Return the fastest layout as ``{"mode", "stages", "graph_parallel", "chunks"}`` keyword values."""
+    best = estimates[0]
+    return {"mode": best.mode, "stages": best.stages, "graph_parallel": best.graph_parallel,  # type: ignore[dict-item]
+            "chunks": best.chunks}

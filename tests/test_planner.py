@@ -1,0 +1,49 @@
+"""The layout planner's cost model."""
+
+import pytest
+import torch
+from torch_geometric.nn.models import GCN
+
+from lightning_gnnpipe import find_layer_stack
+from lightning_gnnpipe.comm.planner import estimate_layouts, format_table, measure_layer_seconds, recommend
+from lightning_gnnpipe.comm.volume import pipeline_volume
+from lightning_gnnpipe.data.chunk import build_chunk_plan
+from tests.helpers import sbm_graph
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return sbm_graph(num_nodes=400)
+
+
+def test_deep_models_favour_gnnpipe_and_slow_links_matter(graph):
+    dims = [16] + [64] * 32
+    seconds = [0.01] * 32
+    slow = estimate_layouts(graph.edge_index, 400, dims, seconds, 4, bandwidth=1e6)
+    assert recommend(slow)["mode"] == "gnnpipe"  # graph parallelism moves ~L x more bytes
+    gp = next(e for e in slow if e.mode == "graph_parallel")
+    pipe = min((e for e in slow if e.mode == "gnnpipe"), key=lambda e: e.bytes_per_epoch)
+    assert gp.bytes_per_epoch > 5 * pipe.bytes_per_epoch
+    # bytes are the analytic volume of the same plan
+    plan = build_chunk_plan(graph.edge_index, 400, pipe.chunks)
+    assert pipe.bytes_per_epoch == sum(pipeline_volume(plan, dims, 4).values())
+    # with free communication and a shallow model, no bubble: graph parallelism wins
+    fast = estimate_layouts(graph.edge_index, 400, [16, 64, 4], [0.01, 0.01], 2, bandwidth=1e15)
+    assert recommend(fast)["mode"] == "graph_parallel"
+    assert "(recommended)" in format_table(fast).splitlines()[2]
+
+
+def test_bad_arguments(graph):
+    with pytest.raises(ValueError, match="one time per layer"):
+        estimate_layouts(graph.edge_index, 400, [16, 8, 4], [0.1], 2, bandwidth=1e9)
+    with pytest.raises(ValueError, match="bandwidth"):
+        estimate_layouts(graph.edge_index, 400, [16, 8, 4], [0.1, 0.1], 2, bandwidth=0)
+
+
+def test_measure_layer_seconds(graph):
+    torch.manual_seed(0)
+    gnn = GCN(16, 32, 3, 4)
+    blocks = find_layer_stack(gnn).blocks
+    times = measure_layer_seconds(blocks, graph.x, graph.edge_index, repeats=2)
+    assert len(times) == 3 and all(t > 0 for t in times)
+    assert all(p.grad is None for p in gnn.parameters())
