@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 from torch_geometric.data import Data
 
 from lightning_gnnpipe.data.chunk import ChunkPlan, build_chunk_plan
-from lightning_gnnpipe.data.validation import validate_graph, validate_num_chunks
+from lightning_gnnpipe.data.validation import validate_graph, validate_num_chunks, validate_part
 
 
 def _identity(batch: Any) -> Any:
@@ -34,7 +34,8 @@ class GraphChunkDataModule(LightningDataModule):
         data: The graph. Needs ``x`` ``(|V|, F)`` and ``edge_index`` ``(2, |E|)``; ``y`` and the
             boolean masks ``train_mask``/``val_mask``/``test_mask`` ``(|V|,)`` are optional.
         num_chunks: Number of chunks ``K`` (pipeline micro-batches per step), ``1 <= K <= |V|``.
-        part: Optional chunk id per node ``(|V|,)`` to use instead of METIS.
+        part: Optional chunk id per node ``(|V|,)``, ``torch.long`` in ``[0, K)``, every chunk
+            non-empty, to use instead of METIS.
 
     Raises:
         TypeError, ValueError: On malformed graphs or ``num_chunks`` (see
@@ -45,6 +46,8 @@ class GraphChunkDataModule(LightningDataModule):
         super().__init__()
         validate_graph(data)
         self.num_chunks = validate_num_chunks(num_chunks, data.num_nodes)
+        if part is not None:
+            validate_part(part, data.num_nodes, num_chunks)
         self.data = data
         self.plan: ChunkPlan = build_chunk_plan(data.edge_index, data.num_nodes, num_chunks, part=part)
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, List, Optional
 
+import torch.distributed as dist
 from torch import nn
 
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
@@ -49,3 +50,30 @@ def check_layout(
                 "(see docs/quickstart.md) or use schedule='gpipe'."
             )
     return stack
+
+
+def check_ranks_agree(fingerprint: str, in_channels: int, out_channels: int, stage_index: int) -> None:
+    """Check that all ranks built the same chunk plan and that adjacent stages' widths match.
+
+    A collective (``all_gather_object``): call it on every rank. Stages exchange fixed-shape
+    buffers, so a width mismatch would otherwise surface as a failed or hanging transfer.
+
+    Raises:
+        RuntimeError: On every rank, if the ranks' chunk plans or stage widths disagree.
+    """
+    infos: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(infos, (fingerprint, in_channels, out_channels, stage_index))
+    prints = [i[0] for i in infos]
+    if len(set(prints)) != 1:
+        raise RuntimeError(
+            f"GNNPipeStrategy: ranks built different chunk plans (got fingerprints {prints}). "
+            "Build the GraphChunkDataModule from the same graph on every rank, or pass `part=`."
+        )
+    for s in range(len(infos) - 1):
+        sent, expected = infos[s][2], infos[s + 1][1]
+        if sent != expected:
+            raise RuntimeError(
+                f"GNNPipeStrategy: stage {s} sends embeddings of width {sent} but stage {s + 1} expects width "
+                f"{expected} (got (in, out) widths per stage {[(i[1], i[2]) for i in infos]}). Build the model "
+                "identically on every rank: same hyperparameters, no layers that depend on the rank."
+            )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Any, Dict, List, Literal, Mapping, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -31,11 +31,13 @@ from torch.optim import Optimizer
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.nn.stack import LayerStack, infer_dims
 from lightning_gnnpipe.pipeline.graph import build_chunk_graph
-from lightning_gnnpipe.pipeline.loss import PipelineLoss
+from lightning_gnnpipe.pipeline.loss import PipelineLoss, chunk_has_labels
 from lightning_gnnpipe.pipeline.schedule import build_schedule, check_schedule
 from lightning_gnnpipe.pipeline.split import split_layers
 from lightning_gnnpipe.pipeline.stage import GNNStage
-from lightning_gnnpipe.strategy.checks import CHUNK_LOSS_HOOK, check_layout
+from lightning_gnnpipe.strategy.checkpoint import CHECKPOINT_KEY, gather_pipeline_state, restore_history, restore_rng
+from lightning_gnnpipe.strategy.checks import CHUNK_LOSS_HOOK, check_layout, check_ranks_agree
+from lightning_gnnpipe.strategy.failures import handle_rank_failure
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.launcher import _CheckedMultiProcessingLauncher
 from lightning_gnnpipe.strategy.state import merged_optimizer_state, sync_stage_tensors, tensor_owners
@@ -68,7 +70,11 @@ class GNNPipeStrategy(ParallelStrategy):
         schedule: ``"gpipe"`` (default; exact for any ``training_step`` loss) or ``"1f1b"``
             (needs ``pipeline_chunk_loss`` on the module, see ``docs/quickstart.md``).
         refresh_on_start: Fill the history tables with an exact forward at the start of fit,
-            instead of starting from zeros.
+            instead of starting from zeros. On resume from a checkpoint that holds the tables,
+            they are loaded instead (no refresh).
+        save_history: Also store every history table in checkpoints (``|V| x d_l`` floats per
+            layer), so that a resumed run continues exactly like an uninterrupted one. See
+            ``docs/reliability.md``.
         timeout: Timeout of every collective (seconds as ``timedelta``); a rank that stops
             answering ends the job after this long. Default 600 s.
         start_method: ``"spawn"`` (default) or ``"popen"``; under torchrun/SLURM the processes
@@ -86,6 +92,7 @@ class GNNPipeStrategy(ParallelStrategy):
         self,
         schedule: str = "gpipe",
         refresh_on_start: bool = True,
+        save_history: bool = False,
         timeout: timedelta = timedelta(seconds=600),
         start_method: Literal["spawn", "popen"] = "spawn",
         process_group_backend: Optional[str] = None,
@@ -106,6 +113,8 @@ class GNNPipeStrategy(ParallelStrategy):
         if start_method not in ("spawn", "popen"):
             raise ValueError(f"GNNPipeStrategy: `start_method` must be 'spawn' or 'popen' (got {start_method!r}).")
         self.refresh_on_start = refresh_on_start
+        self.save_history = save_history
+        self._resume_state: Optional[Dict[str, Any]] = None
         self._timeout = timeout
         self._start_method = start_method
         self._process_group_backend = process_group_backend
@@ -116,6 +125,7 @@ class GNNPipeStrategy(ParallelStrategy):
         self._loss: Optional[PipelineLoss] = None
         self._grads: List[tuple] = []
         self._owners: Dict[int, int] = {}
+        self._layers: List[List[int]] = []
 
     # ------------------------------------------------------------------ plumbing (as DDP)
     @property
@@ -231,18 +241,12 @@ class GNNPipeStrategy(ParallelStrategy):
         dm: GraphChunkDataModule = trainer.datamodule
         stack = self._stack = self.check(trainer)
         plan, data, device = dm.plan, dm.data, self.root_device
-        prints: List[Any] = [None] * self.num_stages
-        dist.all_gather_object(prints, plan.fingerprint())
-        if len(set(prints)) != 1:
-            raise RuntimeError(
-                f"GNNPipeStrategy: ranks built different chunk plans (got fingerprints {prints}). "
-                "Build the GraphChunkDataModule from the same graph on every rank, or pass `part=`."
-            )
         x = data.x.to(device)
         self._dims = infer_dims(stack.blocks, x[:2])
-        layers = split_layers(stack.num_layers, self.num_stages)
+        layers = self._layers = split_layers(stack.num_layers, self.num_stages)
         self._owners = tensor_owners(stack.blocks, layers)
         mine = layers[self.stage_index]
+        check_ranks_agree(plan.fingerprint(), self._dims[mine[0]], self._dims[mine[-1] + 1], self.stage_index)
         rank_zero_info(f"GNNPipeStrategy: stage -> layers {layers}; {plan.num_chunks} chunks of "
                        f"{min(plan.chunk_sizes)}-{plan.max_chunk_size} nodes, edge cut {plan.edge_cut:.3f}")
         blocks = [stack.blocks[i] for i in mine]
@@ -293,7 +297,10 @@ class GNNPipeStrategy(ParallelStrategy):
 
     def on_train_start(self) -> None:
         super().on_train_start()
-        if self.refresh_on_start:
+        assert self._stage is not None
+        saved, self._resume_state = self._resume_state, None
+        if not restore_history(saved, self._stage, self.lightning_module.trainer.datamodule.plan) \
+                and self.refresh_on_start:
             self.refresh_history()
 
     # ------------------------------------------------------------------ steps
@@ -335,7 +342,10 @@ class GNNPipeStrategy(ParallelStrategy):
 
     def _chunk_loss(self, out: Tensor, c: int, batch: Any) -> Tensor:
         assert self._stage is not None
-        return getattr(self.lightning_module, CHUNK_LOSS_HOOK)(out, batch, self._stage.graph.nodes[c])
+        nodes = self._stage.graph.nodes[c]
+        if not chunk_has_labels(batch, nodes):
+            return out.sum() * 0.0  # the chunk still runs forward and backward, and adds exactly zero
+        return getattr(self.lightning_module, CHUNK_LOSS_HOOK)(out, batch, nodes)
 
     def backward(self, closure_loss: Tensor, optimizer: Optional[Optimizer], *args: Any, **kwargs: Any) -> Tensor:
         """Do not backpropagate again: restore the gradients the schedule computed.
@@ -384,6 +394,39 @@ class GNNPipeStrategy(ParallelStrategy):
             return opt.state_dict()
         return merged_optimizer_state(opt, self._owners, self.stage_index)
 
+    def save_checkpoint(self, checkpoint: Dict[str, Any], filepath: Any, storage_options: Optional[Any] = None) -> None:
+        """Add the pipeline's state (RNG, chunk plan, optional history tables) and write on rank 0.
+
+        Called on every rank (the state is gathered to rank 0).
+        """
+        if self._stage is not None and _distributed_is_initialized():
+            state = gather_pipeline_state(self._stage, self.lightning_module.trainer.datamodule.plan, self._layers,
+                                          self.stage_index, self.save_history and "optimizer_states" in checkpoint)
+            if state is not None:
+                checkpoint[CHECKPOINT_KEY] = state
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> Dict[str, Any]:
+        """Load the checkpoint on every rank and keep the pipeline's state for ``on_train_start``."""
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        self._resume_state = checkpoint.get(CHECKPOINT_KEY)
+        return checkpoint
+
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        """Restore the optimizers, then this stage's random generators.
+
+        Restoring the generators here, before the fit loop builds its first data iterator (which
+        draws a seed), replays exactly the draws an uninterrupted run makes after the save.
+        """
+        super().load_optimizer_state_dict(checkpoint)
+        restore_rng(checkpoint.get(CHECKPOINT_KEY), self.stage_index, self.num_stages)
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Name the rank and stage in the error; see :mod:`~lightning_gnnpipe.strategy.failures`."""
+        if _distributed_is_initialized():  # in a rank, not in the main process of a spawn launch
+            handle_rank_failure(exception, dist.get_rank(), self.num_stages, self._layers[dist.get_rank()]
+                                if self._layers else None)
+
     def on_train_end(self) -> None:
         super().on_train_end()
         # The model that spawn hands back to the main process is rank 0's: make it complete.
@@ -391,7 +434,7 @@ class GNNPipeStrategy(ParallelStrategy):
             sync_stage_tensors(self.lightning_module, self._owners)
 
     def teardown(self) -> None:
-        self._schedule = self._stage = self._loss = None
+        self._schedule = self._stage = self._loss = self._resume_state = None
         self._grads = []
         super().teardown()
 
