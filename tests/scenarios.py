@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
 from datetime import timedelta
 from typing import Any, Dict, List, Optional
 
@@ -36,11 +38,16 @@ class DropoutGCN(ChunkLossGCN):
 
 
 class MeanChunkLossGCN(GCNModule):
-    """A chunk loss written as a mean per chunk: NaN on a chunk without training nodes."""
+    """A chunk loss written as the chunk's masked mean times its share of the training nodes.
+
+    Correct on chunks with training nodes; on a chunk without any it is ``0 / 0``, NaN in value
+    and in gradient (which would poison every weight) unless the strategy skips the chunk.
+    """
 
     def pipeline_chunk_loss(self, out, batch, node_index):
-        mask = batch.train_mask[node_index]
-        return F.cross_entropy(out[mask], batch.y[node_index][mask]) * mask.sum() / batch.train_mask.sum()
+        w = batch.train_mask[node_index].float()
+        per_node = F.cross_entropy(out, batch.y[node_index], reduction="none")
+        return (per_node * w).sum() / w.sum() * (w.sum() / batch.train_mask.sum())
 
 
 class RankDependentGCN(GCNModule):
@@ -67,6 +74,7 @@ class FailingGCN(GCNModule):
 
     def training_step(self, batch, batch_idx):
         if self.global_rank == self.fail_rank and self.current_epoch == 1:
+            print(f"FailingGCN: failing ({self.mode}) at {time.time():.3f}", file=sys.stderr, flush=True)
             if self.mode in ("kill", "stop"):
                 os.kill(os.getpid(), signal.SIGKILL if self.mode == "kill" else signal.SIGSTOP)
             raise RuntimeError("injected failure in training_step")

@@ -4,14 +4,16 @@ Two launches:
 
 * the user's way (``python script.py``), where the strategy's launcher stops the other ranks
   once one fails: ``tests/failing_fit.py`` in a subprocess, both failure modes at once to share
-  the start-up time, with ``start_method="fork"`` (the spawn launcher's code path without
-  re-importing torch in each rank; ``benchmarks/stress.py --spawn`` runs it with spawn);
+  the start-up time, with the launcher in fork mode (the spawn launcher's class and code path
+  without re-importing torch in each rank; ``python -m tests.failing_fit raise 10`` runs it with
+  spawn, see docs/reliability.md);
 * a world without a launcher (:func:`tests.world.run_world`, as under torchrun or across
   nodes), where the surviving ranks must end by themselves: on a connection error at once,
   or after the process-group timeout if the failed rank hangs with its connections open.
 """
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -55,7 +57,14 @@ class _Launch:
             pass
         if self.seconds is None and self.proc.poll() is not None:
             self.seconds = time.monotonic() - self.start
+            self.end_time = time.time()
         return self.seconds is not None
+
+    def seconds_after_failure(self) -> float:
+        """Seconds from the injected failure (stamped in stderr) to the end of the job."""
+        match = re.search(r"FailingGCN: failing \(\w+\) at ([0-9.]+)", self.stderr)
+        assert match, "the failure was never injected"
+        return self.end_time - float(match.group(1))
 
     def survivors(self):
         gone, alive = psutil.wait_procs(list(self.descendants.values()), timeout=5)
@@ -88,6 +97,8 @@ def test_exception_on_one_rank_ends_every_rank(launches):
     assert run.proc.returncode != 0
     assert "RuntimeError: injected failure in training_step" in run.stderr
     assert "this error was raised on rank 1 (stage 1 of 2, layers [1])" in run.stderr
+    print(f"{run.proc.args[3]}: job ended {run.seconds_after_failure():.2f} s after the failure")
+    assert run.seconds_after_failure() < LIMIT_S
     assert len(run.descendants) >= 2  # both spawned ranks were seen ...
     assert run.survivors() == []  # ... and none outlives the job
 
@@ -98,6 +109,8 @@ def test_sigkilled_rank_ends_every_rank(launches):
     assert run.proc.returncode != 0
     assert "process 1 terminated with signal SIGKILL" in run.stderr
     assert len(run.descendants) >= 2 and run.survivors() == []
+    print(f"{run.proc.args[3]}: job ended {run.seconds_after_failure():.2f} s after the failure")
+    assert run.seconds_after_failure() < LIMIT_S
 
 
 @pytest.fixture(scope="module")

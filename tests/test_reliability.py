@@ -7,14 +7,20 @@ fresh interpreters on a loaded 2-core machine.
 """
 
 import functools
+import random
 
 import pytest
 import torch
+from lightning.fabric.utilities.seed import _collect_rng_states
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from torch_geometric.nn.models import GCN
 
-from lightning_gnnpipe import GraphChunkDataModule
-from lightning_gnnpipe.strategy.checkpoint import CHECKPOINT_KEY
+from lightning_gnnpipe import GraphChunkDataModule, build_chunk_plan, find_layer_stack
+from lightning_gnnpipe.nn.stack import infer_dims
+from lightning_gnnpipe.pipeline.graph import build_chunk_graph
+from lightning_gnnpipe.pipeline.stage import GNNStage
+from lightning_gnnpipe.strategy.checkpoint import CHECKPOINT_KEY, _rng_to_plain, restore_history, restore_rng
 from tests.helpers import ChunkLossGCN, GCNModule, MetricRecorder, sbm_graph
 from tests.reference import chunked_reference
 from tests.scenarios import (DropoutGCN, MeanChunkLossGCN, RankDependentGCN, callback_summary, callbacks_job,
@@ -152,3 +158,36 @@ def test_stage_width_mismatch_raises_on_every_rank(graph):
     for r in results:
         assert r.exitcode == 1 and r.seconds < 30
         assert "stage 0 sends embeddings of width 32 but stage 1 expects width 24" in r.error
+
+
+def _stage_with_layers_1_2():
+    data = sbm_graph(num_nodes=60)
+    torch.manual_seed(0)
+    stack = find_layer_stack(GCN(16, 8, 3, 4))
+    plan = build_chunk_plan(data.edge_index, 60, 2)
+    dims = infer_dims(stack.blocks, data.x[:2])
+    blocks = [stack.blocks[1], stack.blocks[2]]
+    graph = build_chunk_graph(plan, data.edge_index, blocks, torch.device("cpu"))
+    return GNNStage(blocks, [1, 2], dims, graph), plan
+
+
+def test_restore_history_loads_refuses_or_skips():
+    stage, plan = _stage_with_layers_1_2()
+    saved = {"fingerprint": plan.fingerprint(), "history": {1: torch.ones(60, 8), 2: torch.full((60, 8), 2.0)}}
+    assert restore_history(saved, stage, plan)
+    assert torch.equal(stage.histories["2"].emb, torch.full((60, 8), 2.0))
+    with pytest.raises(ValueError, match=r"history table of layer 2 does not fit the model \(got \(60, 5\), "
+                                         r"expected \(60, 8\)\)"):
+        restore_history({**saved, "history": {1: torch.ones(60, 8), 2: torch.ones(60, 5)}}, stage, plan)
+    with pytest.warns(UserWarning, match="belong to another chunk plan"):
+        assert not restore_history({**saved, "fingerprint": "0123"}, stage, plan)
+    assert not restore_history({**saved, "history": None}, stage, plan) and not restore_history(None, stage, plan)
+
+
+def test_restore_rng_same_layout_only():
+    state = _rng_to_plain(_collect_rng_states())
+    expected = (torch.rand(3), random.random())
+    with pytest.warns(UserWarning, match="written with 4 stages, this run has 2"):
+        assert not restore_rng({"num_stages": 4, "layers": [[0], [1], [2], [3]], "rng_states": [state] * 4}, 0, 2)
+    assert restore_rng({"num_stages": 2, "rng_states": [None, state]}, 1, 2)
+    assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
