@@ -11,14 +11,18 @@ from lightning_gnnpipe.data import ChunkPlan, GraphChunkDataModule, build_chunk_
 from lightning_gnnpipe.history.history import History
 from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack
 from lightning_gnnpipe.pipeline.schedule import SCHEDULES
+from lightning_gnnpipe.comm.accounting import CommStats
 from lightning_gnnpipe.strategy.gnnpipe import GNNPipeStrategy
+from lightning_gnnpipe.strategy.graph_parallel import GraphParallelStrategy
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ChunkPlan",
+    "CommStats",
     "GNNPipeStrategy",
     "GraphChunkDataModule",
+    "GraphParallelStrategy",
     "History",
     "LayerStack",
     "SCHEDULES",
@@ -27,5 +31,6 @@ __all__ = [
     "metis_partition",
 ]
 
-if GNNPipeStrategy.strategy_name not in StrategyRegistry:
-    GNNPipeStrategy.register_strategies(StrategyRegistry)
+for _strategy in (GNNPipeStrategy, GraphParallelStrategy):
+    if _strategy.strategy_name not in StrategyRegistry:
+        _strategy.register_strategies(StrategyRegistry)

@@ -6,12 +6,26 @@ import json
 from pathlib import Path
 from typing import List, Optional
 
+import pytest
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback, LightningModule
+from torch import nn
 from torch_geometric.data import Data
+from torch_geometric.nn import DeepGCNLayer, GCNConv
 from torch_geometric.nn.models import GCN
 from torch_geometric.utils import stochastic_blockmodel_graph
+
+from lightning_gnnpipe.nn.stack import NodeWise
+
+
+@pytest.fixture()
+def one_thread():
+    """Run the test with one intra-op thread: on a busy 2-core machine two threads are 10-100x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def sbm_graph(num_nodes: int = 400, num_classes: int = 4, num_features: int = 16, seed: int = 0) -> Data:
@@ -75,6 +89,39 @@ class ChunkLossGCN(GCNModule):
         return F.cross_entropy(out[mask], batch.y[node_index][mask], reduction="sum") / batch.train_mask.sum()
 
 
+class GNNModule(GCNModule):
+    """The same LightningModule around any GNN ``model(x, edge_index)`` built by the caller."""
+
+    def __init__(self, model: nn.Module, lr: float = 0.01) -> None:
+        LightningModule.__init__(self)
+        self.save_hyperparameters({"lr": lr})
+        self.gnn = model
+
+
+class ResGCN(nn.Module):
+    """Residual GCN with LayerNorm and dropout (DeepGCN 'res+' layers), declared as pipeline blocks.
+
+    Blocks: a node-wise input ``Linear``, ``num_layers`` ``DeepGCNLayer(GCNConv)`` and a
+    node-wise output ``Linear``.
+    """
+
+    def __init__(self, in_channels: int, hidden: int, num_layers: int, out_channels: int,
+                 dropout: float = 0.0) -> None:
+        super().__init__()
+        layers = [DeepGCNLayer(GCNConv(hidden, hidden), nn.LayerNorm(hidden), nn.ReLU(), block="res+",
+                               dropout=dropout) for _ in range(num_layers)]
+        self.blocks = nn.ModuleList([NodeWise(nn.Linear(in_channels, hidden))] + layers
+                                    + [NodeWise(nn.Linear(hidden, out_channels))])
+
+    def pipeline_blocks(self):
+        return self.blocks
+
+    def forward(self, x, edge_index):
+        for block in self.blocks:
+            x = block(x, edge_index)
+        return x
+
+
 class MetricRecorder(Callback):
     """Write every epoch's logged metrics of this rank to ``<dir>/metrics.rank<r>.json``."""
 
@@ -116,3 +163,15 @@ def fit(directory: str, module: LightningModule, datamodule, devices: int = 2, s
 
 def losses(metrics: List[dict], key: str = "train_loss") -> List[float]:
     return [m[key] for m in metrics]
+
+
+class GCNIIModule(GCNModule):
+    """``GCNModule`` with a GCNII stack (h0 travels through the stages)."""
+
+    def __init__(self, in_channels: int, hidden: int, num_layers: int, out_channels: int, lr: float = 0.01,
+                 seed: int = 0) -> None:
+        super().__init__(in_channels, hidden, 1, out_channels, lr, seed)
+        from lightning_gnnpipe.nn.gcnii import GCNII
+
+        torch.manual_seed(seed)
+        self.gnn = GCNII(in_channels, hidden, out_channels, num_layers, dropout=0.0)

@@ -8,7 +8,8 @@ itself) and keeps the chunk's rows. It shares no code with ``GNNStage``.
 
 from __future__ import annotations
 
-from typing import List
+from functools import partial
+from typing import Callable, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -23,23 +24,41 @@ def gcn_layer(gnn, layer: int, x: torch.Tensor, edge_index: torch.Tensor) -> tor
     return h if layer == gnn.num_layers - 1 else F.relu(h)
 
 
-def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_on_start: bool = True) -> List[float]:
+@torch.no_grad()
+def exact_inputs(layers: List[Callable], data: Data) -> List[torch.Tensor]:
+    """Every layer's exact input embeddings ``(|V|, d_l)`` under the current weights."""
+    h, out = data.x, []
+    for layer in layers:
+        out.append(h.clone())
+        h = layer(h, data.edge_index)
+    return out
+
+
+def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_on_start: bool = True,
+                      refresh_every: int = 0, momentum: float = 0.0, stale_halo_grads: bool = False,
+                      layers: Optional[List[Callable]] = None) -> List[float]:
     """Train ``module`` (a ``GCNModule``) with the chunked algorithm in one process.
+
+    ``layers`` are the model's layers as ``layer(x, edge_index)`` callables (default: the
+    layers of the PyG ``GCN`` at ``module.gnn``).
 
     Returns the full-graph training loss of every epoch (as the user's ``training_step``
     computes it from the chunked output).
     """
     gnn = module.gnn
-    L, N = gnn.num_layers, data.num_nodes
+    if layers is None:
+        layers = [partial(gcn_layer, gnn, layer) for layer in range(gnn.num_layers)]
+    L, N = len(layers), data.num_nodes
     opt = module.configure_optimizers()
-    tables: List[torch.Tensor] = []
-    with torch.no_grad():
-        h = data.x
-        for layer in range(L):
-            tables.append(h.clone() if (refresh_on_start or layer == 0) else torch.zeros_like(h))
-            h = gcn_layer(gnn, layer, h, data.edge_index)
+    tables = exact_inputs(layers, data)
+    if not refresh_on_start:
+        tables = [t if layer == 0 else torch.zeros_like(t) for layer, t in enumerate(tables)]
+    collected = [torch.zeros_like(t) for t in tables]
     losses = []
-    for _ in range(epochs):
+    for epoch in range(epochs):
+        if refresh_every and epoch > 0 and epoch % refresh_every == 0:
+            tables = exact_inputs(layers, data)
+        applied, collected = collected, [torch.zeros_like(t) for t in tables]
         opt.zero_grad()
         outs = []
         for c in range(plan.num_chunks):
@@ -47,9 +66,16 @@ def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_
             h = data.x[nodes]
             for layer in range(L):
                 if layer > 0:
-                    tables[layer][nodes] = h.detach()
-                mixed = tables[layer].index_put((nodes,), h)  # differentiable in the chunk's rows only
-                h = gcn_layer(gnn, layer, mixed, data.edge_index)[nodes]
+                    with torch.no_grad():
+                        tables[layer][nodes] = momentum * tables[layer][nodes] + (1 - momentum) * h
+                table = tables[layer].clone()
+                if stale_halo_grads and layer > 0:
+                    table.requires_grad_(True)
+                    table.register_hook(lambda g, layer=layer: collected[layer].add_(g))
+                    h = h + 0
+                    h.register_hook(lambda g, extra=applied[layer][nodes]: g + extra)
+                mixed = table.index_put((nodes,), h)  # the chunk's rows carry its gradient
+                h = layers[layer](mixed, data.edge_index)[nodes]
             outs.append(h)
         full = torch.zeros(N, outs[0].size(-1)).index_put(
             (torch.cat(list(plan.nodes)),), torch.cat(outs)

@@ -50,3 +50,28 @@ def test_every_stage_trains(tmp_path, graph):
     assert set(after) == set(before)
     unchanged = [k for k in before if torch.equal(before[k], after[k])]
     assert unchanged == [], f"parameters of some stage did not change: {unchanged}"
+
+
+def test_techniques_equal_sequential_reference(tmp_path, graph):
+    # Moving-average tables, PipeGCN-style stale halo gradients and a periodic exact refresh.
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+    opts = dict(refresh_every=2, history_momentum=0.5)
+    ref = chunked_reference(GCNModule(16, 32, 4, 4), graph, dm.plan, EPOCHS, refresh_every=2, momentum=0.5,
+                            stale_halo_grads=True)
+    plain = chunked_reference(GCNModule(16, 32, 4, 4), graph, dm.plan, EPOCHS)
+    assert abs(ref[-1] - plain[-1]) > 1e-4  # the techniques change training
+    ranks = fit(str(tmp_path), GCNModule(16, 32, 4, 4), dm, devices=2,
+                strategy=GNNPipeStrategy(halo_gradients="stale", **opts), epochs=EPOCHS)
+    torch.testing.assert_close(losses(ranks[1]), ref, atol=1e-6, rtol=0)
+    assert ranks[0][-1]["gnnpipe/stale_edge_fraction"] == pytest.approx(dm.stale_read_stats()[0])
+    assert 0 < ranks[0][-1]["gnnpipe/drift_layer1"] < 1
+
+
+def test_gcnii_one_chunk_three_stages_equals_single_device(tmp_path, graph):
+    from tests.helpers import GCNIIModule
+
+    dm = GraphChunkDataModule(graph, num_chunks=1)
+    single = fit(str(tmp_path / "s"), GCNIIModule(16, 32, 4, 4), dm, devices=1, epochs=EPOCHS)[0]
+    ranks = fit(str(tmp_path / "p"), GCNIIModule(16, 32, 4, 4), dm, devices=3, strategy=GNNPipeStrategy(),
+                epochs=EPOCHS)
+    torch.testing.assert_close(losses(ranks[0]), losses(single), atol=1e-5, rtol=0)

@@ -5,7 +5,7 @@ import torch
 from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
 
 from lightning_gnnpipe import build_chunk_plan, find_layer_stack
-from lightning_gnnpipe.nn.stack import infer_dims
+from lightning_gnnpipe.nn.stack import infer_dims, takes_x0
 from lightning_gnnpipe.pipeline.graph import build_chunk_graph
 from lightning_gnnpipe.pipeline.loss import PipelineLoss
 from lightning_gnnpipe.pipeline.split import split_layers
@@ -27,8 +27,25 @@ def make_stages(gnn, data, num_chunks, num_stages):
     for layers in split_layers(stack.num_layers, num_stages):
         blocks = [stack.blocks[i] for i in layers]
         graph = build_chunk_graph(plan, data.edge_index, blocks, torch.device("cpu"))
-        stages.append(GNNStage(blocks, layers, dims, graph, x=data.x if 0 in layers else None))
+        stages.append(GNNStage(blocks, layers, dims, graph, x=data.x if 0 in layers else None,
+                               carry_x0=any(takes_x0(b) for b in stack.blocks)))
     return plan, stages
+
+
+def refreshed_chunked_forward(plan, stages, x):
+    """Refresh every table exactly, then run every chunk through the stages; return ``(|V|, C)``."""
+    h = x
+    for stage in stages:  # refresh: every table holds the exact inputs of its layer
+        h = stage.forward_full(h, write_history=True)
+    m = plan.max_chunk_size
+    x_pad = plan.pad(x)
+    out = torch.zeros(x.size(0), h.size(-1))
+    for c in range(plan.num_chunks):
+        h = x_pad[c * m: (c + 1) * m]
+        for stage in stages:
+            h = stage(h, chunk_id=torch.tensor([c]))
+        out[plan.nodes[c]] = h[: plan.nodes[c].numel()]
+    return out
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -46,17 +63,7 @@ def test_chunked_forward_with_fresh_tables_equals_unsplit(cora):
     torch.manual_seed(0)
     gnn = GCN(cora.num_features, 32, 4, 7)
     plan, stages = make_stages(gnn, cora, num_chunks=8, num_stages=2)
-    h = cora.x
-    for stage in stages:  # refresh: every table holds the exact inputs of its layer
-        h = stage.forward_full(h, write_history=True)
-    m = plan.max_chunk_size
-    x_pad = plan.pad(cora.x)
-    out = torch.zeros(cora.num_nodes, 7)
-    for c in range(plan.num_chunks):
-        h = x_pad[c * m: (c + 1) * m]
-        for stage in stages:
-            h = stage(h, torch.tensor([c]))
-        out[plan.nodes[c]] = h[: plan.nodes[c].numel()]
+    out = refreshed_chunked_forward(plan, stages, cora.x)
     torch.testing.assert_close(out, gnn(cora.x, cora.edge_index), atol=1e-5, rtol=1e-5)
 
 
@@ -69,9 +76,9 @@ def test_padding_rows_never_reach_outputs(cora):
     n = plan.nodes[c].numel()
     assert n < m, "the test needs a padded chunk"
     h = plan.pad(cora.x)[c * m: (c + 1) * m].clone()
-    clean = stage(h.clone(), torch.tensor([c]))
+    clean = stage(h.clone(), chunk_id=torch.tensor([c]))
     h[n:] = float("nan")
-    dirty = stage(h, torch.tensor([c]))
+    dirty = stage(h, chunk_id=torch.tensor([c]))
     assert torch.equal(clean, dirty)
     assert bool((dirty[n:] == 0).all())
 
@@ -113,3 +120,29 @@ def test_user_modules_are_not_mutated(cora):
     for conv in gnn.convs:
         assert conv.normalize and "forward" not in conv.__dict__
     assert all(torch.equal(before[k], v) for k, v in gnn.state_dict().items())
+
+
+def test_gcnii_carries_h0_through_stages(cora):
+    from lightning_gnnpipe.nn.gcnii import GCNII
+
+    torch.manual_seed(0)
+    model = GCNII(cora.num_features, 32, 7, num_layers=6).eval()
+    plan, stages = make_stages(model, cora, num_chunks=4, num_stages=3)
+    assert [s.carry_x0 for s in stages] == [True] * 3
+    assert [len(s.input_widths) for s in stages] == [1, 2, 2] and [len(s.output_widths) for s in stages] == [2, 2, 1]
+    out = (cora.x,)
+    for stage in stages:
+        out = stage.forward_full(*out, write_history=True)
+        out = out if isinstance(out, tuple) else (out,)
+    expected = model(cora.x, cora.edge_index)
+    torch.testing.assert_close(out[0], expected, atol=1e-5, rtol=1e-5)
+    m = plan.max_chunk_size
+    x_pad = plan.pad(cora.x)
+    chunked = torch.zeros_like(expected)
+    for c in range(plan.num_chunks):  # chunked forward with fresh tables
+        h = (x_pad[c * m: (c + 1) * m],)
+        for stage in stages:
+            h = stage(*h, chunk_id=torch.tensor([c]))
+            h = h if isinstance(h, tuple) else (h,)
+        chunked[plan.nodes[c]] = h[0][: plan.nodes[c].numel()]
+    torch.testing.assert_close(chunked, expected, atol=1e-5, rtol=1e-5)

@@ -99,6 +99,16 @@ class ChunkPlan:
             out[c * m: c * m + nodes.numel()] = x[nodes]
         return out
 
+    def reordered(self, order: List[int]) -> "ChunkPlan":
+        """Return the plan with chunks renumbered so that chunk ``order[i]`` becomes chunk ``i``."""
+        if sorted(order) != list(range(self.num_chunks)):
+            raise ValueError(f"ChunkPlan.reordered: `order` must be a permutation of range({self.num_chunks}) "
+                             f"(got {order}).")
+        position = torch.empty(self.num_chunks, dtype=torch.long)
+        position[torch.tensor(order)] = torch.arange(self.num_chunks)
+        return ChunkPlan(part=position[self.part], nodes=[self.nodes[c] for c in order],
+                         halo=[self.halo[c] for c in order], edge_cut=self.edge_cut)
+
     def fingerprint(self) -> str:
         """Return a short hash of the chunk assignment (to check that all ranks agree)."""
         return hashlib.sha1(self.part.numpy().tobytes()).hexdigest()[:16]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from lightning.pytorch import LightningDataModule
 from torch import Tensor
@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader
 from torch_geometric.data import Data
 
 from lightning_gnnpipe.data.chunk import ChunkPlan, build_chunk_plan
+from lightning_gnnpipe.data.order import greedy_chunk_order, stale_read_stats
 from lightning_gnnpipe.data.validation import validate_graph, validate_num_chunks, validate_part
 
 
@@ -36,20 +37,33 @@ class GraphChunkDataModule(LightningDataModule):
         num_chunks: Number of chunks ``K`` (pipeline micro-batches per step), ``1 <= K <= |V|``.
         part: Optional chunk id per node ``(|V|,)``, ``torch.long`` in ``[0, K)``, every chunk
             non-empty, to use instead of METIS.
+        chunk_order: ``"greedy"`` (default) renumbers the chunks so that as many cross-chunk edges as
+            possible are read fresh (:func:`~lightning_gnnpipe.data.order.greedy_chunk_order`);
+            ``"metis"`` keeps METIS's part numbers.
 
     Raises:
         TypeError, ValueError: On malformed graphs or ``num_chunks`` (see
             :func:`~lightning_gnnpipe.data.validation.validate_graph`).
     """
 
-    def __init__(self, data: Data, num_chunks: int = 8, part: Optional[Tensor] = None) -> None:
+    def __init__(self, data: Data, num_chunks: int = 8, part: Optional[Tensor] = None,
+                 chunk_order: str = "greedy") -> None:
         super().__init__()
         validate_graph(data)
         self.num_chunks = validate_num_chunks(num_chunks, data.num_nodes)
+        if chunk_order not in ("greedy", "metis"):
+            raise ValueError(f"GraphChunkDataModule: unknown `chunk_order` {chunk_order!r}. Use 'greedy' or 'metis'.")
         if part is not None:
             validate_part(part, data.num_nodes, num_chunks)
         self.data = data
-        self.plan: ChunkPlan = build_chunk_plan(data.edge_index, data.num_nodes, num_chunks, part=part)
+        plan = build_chunk_plan(data.edge_index, data.num_nodes, num_chunks, part=part)
+        if chunk_order == "greedy":
+            plan = plan.reordered(greedy_chunk_order(plan, data.edge_index))
+        self.plan: ChunkPlan = plan
+
+    def stale_read_stats(self) -> Tuple[float, float]:
+        """``(fraction of edges read historical, mean age in epochs)`` per layer >= 1 (see ``data/order.py``)."""
+        return stale_read_stats(self.plan, self.data.edge_index)
 
     def _loader(self) -> DataLoader:
         return DataLoader([self.data], batch_size=None, collate_fn=_identity)

@@ -27,18 +27,40 @@ class History(nn.Module):
         ``emb``: ``(|V|, d)``.
     """
 
-    def __init__(self, num_nodes: int, channels: int, device=None, dtype=None) -> None:
+    def __init__(self, num_nodes: int, channels: int, device=None, dtype=None, momentum: float = 0.0) -> None:
         super().__init__()
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"History: `momentum` must be in [0, 1) (got {momentum}). Use 0 for plain tables.")
+        self.momentum = momentum
         self.register_buffer("emb", torch.zeros(num_nodes, channels, device=device, dtype=dtype), persistent=False)
 
     @torch.no_grad()
     def push(self, index: Tensor, value: Tensor) -> None:
-        """Write rows ``index`` ``(n,)`` with ``value`` ``(n, d)`` (detached)."""
-        self.emb[index] = value.detach().to(self.emb.dtype)
+        """Write rows ``index`` ``(n,)`` with ``value`` ``(n, d)`` (detached).
+
+        With ``momentum`` ``m > 0`` the rows become ``m * old + (1 - m) * value``: a moving average that
+        smooths historical embeddings across epochs (PipeGCN, Wan et al., ICLR 2022, arXiv 2203.10428).
+        """
+        value = value.detach().to(self.emb.dtype)
+        if self.momentum > 0:
+            value = self.momentum * self.emb[index] + (1.0 - self.momentum) * value
+        self.emb[index] = value
 
     def pull(self, index: Tensor) -> Tensor:
         """Return a detached copy of rows ``index`` ``(n,)`` as ``(n, d)``."""
         return self.emb[index]
+
+    @torch.no_grad()
+    def refresh(self, value: Tensor) -> float:
+        """Overwrite all rows with exact embeddings ``(|V|, d)``; return the drift before it.
+
+        Drift is ``||old - value|| / ||value||`` (Frobenius norms, unitless): how far the table had moved
+        from the exact embeddings of the current weights.
+        """
+        norm = float(value.norm())
+        drift = float((self.emb - value).norm()) / norm if norm > 0 else 0.0
+        self.emb.copy_(value)
+        return drift
 
     @torch.no_grad()
     def reset(self) -> None:

@@ -1,6 +1,6 @@
 """Degree normalisation on the full graph for convs that a chunk would get wrong.
 
-``GCNConv(normalize=True)`` computes ``D^-1/2 (A + I) D^-1/2`` from the degrees of the graph
+``GCNConv(normalize=True)`` (and ``GCN2Conv``) computes ``D^-1/2 (A + I) D^-1/2`` from the degrees of the graph
 it is given. On a chunk's local graph a halo node has only its chunk-local edges, so its
 degree is wrong. GNNPipe needs the full-graph coefficients (arXiv 2308.10087, Sec. 4.1), so
 they are computed once with :func:`torch_geometric.nn.conv.gcn_conv.gcn_norm` on the whole
@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from typing import Dict, Iterator, List, Tuple
 
 from torch import Tensor, nn
-from torch_geometric.nn import APPNP, ChebConv, GCNConv, SGConv, SSGConv, TAGConv
+import torch
+from torch_geometric.nn import APPNP, ChebConv, GCN2Conv, GCNConv, SGConv, SSGConv, TAGConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 MULTI_HOP = (SGConv, SSGConv, TAGConv, ChebConv, APPNP)
@@ -26,13 +27,13 @@ MULTI_HOP = (SGConv, SSGConv, TAGConv, ChebConv, APPNP)
 NormKey = Tuple[bool, bool]  # (improved, add_self_loops)
 
 
-def normalized_convs(block: nn.Module) -> List[GCNConv]:
-    """Return the ``GCNConv(normalize=True)`` modules of a block."""
-    return [m for m in block.modules() if isinstance(m, GCNConv) and m.normalize]
+def normalized_convs(block: nn.Module) -> List[nn.Module]:
+    """Return the ``GCNConv``/``GCN2Conv`` modules of a block with ``normalize=True``."""
+    return [m for m in block.modules() if isinstance(m, (GCNConv, GCN2Conv)) and m.normalize]
 
 
-def norm_key(conv: GCNConv) -> NormKey:
-    return (bool(conv.improved), bool(conv.add_self_loops))
+def norm_key(conv: nn.Module) -> NormKey:
+    return (bool(getattr(conv, "improved", False)), bool(conv.add_self_loops))
 
 
 def check_supported(blocks: List[nn.Module]) -> None:
@@ -64,14 +65,29 @@ def _gcn_forward(conv: GCNConv, edge_index: Tensor, edge_weight: Tensor, x: Tens
     return out if conv.bias is None else out + conv.bias
 
 
+def _gcn2_forward(conv: GCN2Conv, edge_index: Tensor, edge_weight: Tensor, x: Tensor, x_0: Tensor,
+                  *_, **__) -> Tensor:
+    # GCN2Conv.forward (torch_geometric 2.8) with normalize=False on precomputed coefficients.
+    x = conv.propagate(edge_index, x=x, edge_weight=edge_weight) * (1 - conv.alpha)
+    x_0 = conv.alpha * x_0[: x.size(0)]
+    if conv.weight2 is None:
+        out = x + x_0
+        return torch.addmm(out, out, conv.weight1, beta=1.0 - conv.beta, alpha=conv.beta)
+    out = torch.addmm(x, x, conv.weight1, beta=1.0 - conv.beta, alpha=conv.beta)
+    return out + torch.addmm(x_0, x_0, conv.weight2, beta=1.0 - conv.beta, alpha=conv.beta)
+
+
 @contextmanager
 def precomputed_norm(
-    convs: List[GCNConv], edges: Dict[NormKey, Tuple[Tensor, Tensor]]
+    convs: List[nn.Module], edges: Dict[NormKey, Tuple[Tensor, Tensor]]
 ) -> Iterator[None]:
     """Run ``convs`` on the given chunk-local normalised edges, ignoring the ones passed in."""
     for conv in convs:
         ei, ew = edges[norm_key(conv)]
-        conv.forward = lambda x, *a, _c=conv, _ei=ei, _ew=ew, **k: _gcn_forward(_c, _ei, _ew, x)
+        if isinstance(conv, GCN2Conv):
+            conv.forward = lambda x, x_0, *a, _c=conv, _ei=ei, _ew=ew, **k: _gcn2_forward(_c, _ei, _ew, x, x_0)
+        else:
+            conv.forward = lambda x, *a, _c=conv, _ei=ei, _ew=ew, **k: _gcn_forward(_c, _ei, _ew, x)
     try:
         yield
     finally:

@@ -3,9 +3,11 @@
 Two kinds of model are understood:
 
 1. A PyG :class:`~torch_geometric.nn.models.basic_gnn.BasicGNN` (``GCN``, ``GraphSAGE``,
-   ``GIN``, ``GAT``, ...) anywhere inside the LightningModule: layer ``i`` is ``convs[i]``
-   followed, except after the last layer, by the model's norm, activation and dropout,
-   exactly as ``BasicGNN.forward`` does it.
+   ``GIN``, ``GAT``, ``PNA``, ...) anywhere inside the LightningModule: layer ``i`` is
+   ``convs[i]`` followed, except after the last layer, by the model's norm, activation and
+   dropout, exactly as ``BasicGNN.forward`` does it. With ``jk="last"`` every conv layer
+   gets norm/activation/dropout and one node-wise block applies the final ``lin``; the other
+   jumping-knowledge modes need every layer's output at the head and are refused.
 2. Any module (the LightningModule itself or a submodule) with a method
    ``pipeline_blocks() -> Sequence[nn.Module]``: each block is called ``block(x, edge_index)``
    and returns the next ``x``; the module's ``forward(x, edge_index)`` must be exactly the
@@ -17,7 +19,7 @@ The user's modules are wrapped, never changed or copied: the blocks share their 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import torch
 from torch import Tensor, nn
@@ -46,13 +48,13 @@ class BasicGNNLayer(nn.Module):
     """Layer ``index`` of a PyG ``BasicGNN``: conv, then norm/activation/dropout if not last.
 
     Shares the parameters of ``gnn`` (no copy). Mirrors ``BasicGNN.forward`` in
-    torch_geometric 2.8 for ``jk=None``.
+    torch_geometric 2.8 for ``jk=None`` and ``jk="last"``.
     """
 
     def __init__(self, gnn: BasicGNN, index: int) -> None:
         super().__init__()
         self.conv = gnn.convs[index]
-        self.is_last = index == gnn.num_layers - 1
+        self.is_last = index == gnn.num_layers - 1 and gnn.jk_mode is None
         if not self.is_last:
             self.norm = gnn.norms[index] if gnn.norms is not None else nn.Identity()
             self.act = gnn.act
@@ -71,14 +73,28 @@ class BasicGNNLayer(nn.Module):
         return self.dropout(x)
 
 
+class NodeWise(nn.Module):
+    """Call a node-wise module (``module(x)``) with the block signature ``(x, edge_index)``."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        return self.module(x)
+
+
 def _blocks_of_basic_gnn(gnn: BasicGNN) -> List[nn.Module]:
-    if gnn.jk_mode is not None:
+    if gnn.jk_mode not in (None, "last"):
         raise ValueError(
-            f"find_layer_stack: {type(gnn).__name__}(jk={gnn.jk_mode!r}) needs every layer's output "
+            f"find_layer_stack: {type(gnn).__name__}(jk={gnn.jk_mode!r}) combines every layer's output "
             "at the head, which a pipeline does not carry between stages (got jk="
-            f"{gnn.jk_mode!r}). Use jk=None."
+            f"{gnn.jk_mode!r}). Use jk=None or jk='last'."
         )
-    return [BasicGNNLayer(gnn, i) for i in range(gnn.num_layers)]
+    blocks: List[nn.Module] = [BasicGNNLayer(gnn, i) for i in range(gnn.num_layers)]
+    if gnn.jk_mode == "last":
+        blocks.append(NodeWise(gnn.lin))
+    return blocks
 
 
 def find_layer_stack(module: nn.Module) -> LayerStack:
@@ -92,7 +108,8 @@ def find_layer_stack(module: nn.Module) -> LayerStack:
 
     Raises:
         TypeError: If no stack is found.
-        ValueError: If several stacks are found, or a block list is empty.
+        ValueError: If several stacks are found, a block list is empty, or a ``BasicGNN`` uses
+            ``jk='cat'``, ``'max'`` or ``'lstm'``.
     """
     declared = [m for m in module.modules() if callable(getattr(m, "pipeline_blocks", None))]
     if len(declared) > 1:
@@ -121,6 +138,20 @@ def find_layer_stack(module: nn.Module) -> LayerStack:
     return LayerStack(gnns[0], _blocks_of_basic_gnn(gnns[0]))
 
 
+def takes_x0(block: nn.Module) -> bool:
+    """Return whether a block is called ``block(x, edge_index, x0)`` with the initial embedding.
+
+    A block opts in with the attribute ``takes_x0 = True`` (GCNII-style models, whose layers mix in
+    the output of block 0; see ``docs/custom_models.md``).
+    """
+    return bool(getattr(block, "takes_x0", False))
+
+
+def call_block(block: nn.Module, x: Tensor, edge_index: Tensor, x0: Optional[Tensor]) -> Tensor:
+    """Call a block with ``x0`` if it takes one."""
+    return block(x, edge_index, x0) if takes_x0(block) else block(x, edge_index)
+
+
 def uses_graph(block: nn.Module) -> bool:
     """Return whether a block passes messages (needs halo rows) or is node-wise only."""
     return any(isinstance(m, MessagePassing) for m in block.modules())
@@ -139,9 +170,10 @@ def infer_dims(blocks: List[nn.Module], x_example: Tensor) -> List[int]:
     try:
         for b in blocks:
             b.eval()
-        x = x_example
-        for b in blocks:
-            x = b(x, edge_index)
+        x, x0 = x_example, None
+        for i, b in enumerate(blocks):
+            x = call_block(b, x, edge_index, x0)
+            x0 = x if i == 0 else x0
             dims.append(x.size(-1))
     finally:
         for m, flag in flags:

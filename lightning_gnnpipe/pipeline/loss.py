@@ -53,6 +53,27 @@ FullLoss = Callable[[Tensor], Tuple[Tensor, Any]]
 ChunkLoss = Callable[[Tensor, int], Tensor]
 
 
+def output_grad(full_loss: FullLoss, logits: Tensor) -> Tuple[Tensor, Any]:
+    """Evaluate the user's loss on the full-graph ``logits`` and return ``(dL/dlogits, output)``.
+
+    Shapes:
+        ``logits`` ``(|V|, C)`` (detached); the gradient has the same shape.
+
+    Raises:
+        RuntimeError: If the loss does not depend on ``logits``.
+    """
+    full = logits.detach().requires_grad_(True)
+    with torch.enable_grad():
+        loss, output = full_loss(full)
+        if not isinstance(loss, Tensor) or not loss.requires_grad:
+            raise RuntimeError(
+                "GNNPipeStrategy: `training_step` returned a loss that does not depend on the model "
+                f"output (got {type(loss).__name__}). Return the loss computed from `self(x, edge_index)`."
+            )
+        (grad,) = torch.autograd.grad(loss, full)
+    return grad, output
+
+
 class PipelineLoss:
     """Loss callable for the last stage, collecting every chunk's output.
 
@@ -101,15 +122,7 @@ class PipelineLoss:
 
     def _finish(self) -> None:
         assert self.full_loss is not None
-        full = self.logits().requires_grad_(True)
-        with torch.enable_grad():
-            loss, self.step_output = self.full_loss(full)
-            if not isinstance(loss, Tensor) or not loss.requires_grad:
-                raise RuntimeError(
-                    "GNNPipeStrategy: `training_step` returned a loss that does not depend on the model "
-                    f"output (got {type(loss).__name__}). Return the loss computed from `self(x, edge_index)`."
-                )
-            (self._grad,) = torch.autograd.grad(loss, full)
+        self._grad, self.step_output = output_grad(self.full_loss, self.logits())
 
     def output_grad(self, c: int) -> Tensor:
         """Return ``dL/d(out_c)`` padded to ``(M, C)``."""

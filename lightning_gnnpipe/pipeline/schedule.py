@@ -7,7 +7,7 @@ would feed uninitialised buffers to the stateful stage and write them into its t
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 from torch import nn
@@ -42,8 +42,8 @@ def build_schedule(
     num_stages: int,
     device: torch.device,
     rows: int,
-    in_channels: int,
-    out_channels: int,
+    in_channels: Sequence[int],
+    out_channels: Sequence[int],
     schedule: str,
     num_chunks: int,
     loss_fn: Optional[Callable],
@@ -57,8 +57,8 @@ def build_schedule(
         num_stages: ``S``.
         device: Where the stage runs.
         rows: ``M``, padded rows per micro-batch.
-        in_channels: Width entering the stage.
-        out_channels: Width leaving the stage.
+        in_channels: Width of each tensor entering the stage.
+        out_channels: Width of each tensor leaving the stage.
         schedule: A key of :data:`SCHEDULES`.
         num_chunks: ``K`` micro-batches per step.
         loss_fn: The last stage's loss (``None`` elsewhere).
@@ -69,8 +69,8 @@ def build_schedule(
         stage_index,
         num_stages,
         device,
-        input_args=torch.empty(rows, in_channels, device=device, requires_grad=stage_index > 0),
-        output_args=torch.empty(rows, out_channels, device=device, requires_grad=True),
+        input_args=tuple(torch.empty(rows, d, device=device, requires_grad=stage_index > 0) for d in in_channels),
+        output_args=tuple(torch.empty(rows, d, device=device, requires_grad=True) for d in out_channels),
         group=group,
     )
     return SCHEDULES[schedule](stage, n_microbatches=num_chunks, loss_fn=loss_fn, scale_grads=False)

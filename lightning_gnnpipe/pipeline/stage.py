@@ -14,15 +14,16 @@ Only the chunk's own rows leave the stage, padded back to ``M`` rows.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_gnnpipe.history.halo_grad import HaloGradients
 from lightning_gnnpipe.history.history import History
 from lightning_gnnpipe.nn.normalization import normalized_convs, precomputed_norm
-from lightning_gnnpipe.nn.stack import uses_graph
+from lightning_gnnpipe.nn.stack import call_block, uses_graph
 from lightning_gnnpipe.pipeline.graph import ChunkGraph
 
 
@@ -36,9 +37,16 @@ class GNNStage(nn.Module):
             ``L + 1`` ints.
         graph: Chunk-local graph structure.
         x: Node features ``(|V|, F)``; needed by the stage that owns layer 0, else ``None``.
+        history_momentum: Moving-average momentum of the history tables (0: plain overwrite).
+        halo_gradients: ``"detach"`` drops the gradient that reaches halo rows (GNNAutoScale);
+            ``"stale"`` applies it to the owner chunk one epoch later (PipeGCN).
+        carry_x0: Whether some block of the model takes the initial embedding ``x0``.
 
     Shapes:
-        forward: ``h`` ``(M, dims[l_s])`` -> ``(M, dims[l_{s+1}])``; ``chunk_id`` ``(1,)``.
+        forward: ``h`` ``(M, dims[l_s])`` -> ``(M, dims[l_{s+1}])``; ``chunk_id`` ``(1,)``. When a
+        block takes ``x0`` (GCNII), the initial embedding ``h0`` ``(M, dims[1])`` (block 0's
+        output) travels beside ``h``: every stage but the first also receives it and every stage
+        but the last also returns it.
     """
 
     def __init__(
@@ -48,8 +56,13 @@ class GNNStage(nn.Module):
         dims: List[int],
         graph: ChunkGraph,
         x: Optional[Tensor] = None,
+        history_momentum: float = 0.0,
+        halo_gradients: str = "detach",
+        carry_x0: bool = False,
     ) -> None:
         super().__init__()
+        if halo_gradients not in ("detach", "stale"):
+            raise ValueError(f"GNNStage: `halo_gradients` must be 'detach' or 'stale' (got {halo_gradients!r}).")
         if 0 in layer_ids and x is None:
             raise ValueError("GNNStage: the stage that owns layer 0 needs the node features `x` (got None).")
         self.blocks = nn.ModuleList(blocks)
@@ -58,28 +71,54 @@ class GNNStage(nn.Module):
         self.x = x
         self.in_channels = dims[layer_ids[0]]
         self.out_channels = dims[layer_ids[-1] + 1]
+        self.carry_x0 = carry_x0
+        self.x0_channels = dims[1]
+        self.is_first, self.is_last = layer_ids[0] == 0, layer_ids[-1] == len(dims) - 2
         self._uses_graph = [uses_graph(b) for b in blocks]
         self._norm_convs = [normalized_convs(b) for b in blocks]
         num_nodes = sum(int(n.numel()) for n in graph.nodes)
         device = graph.nodes[0].device
         self.histories = nn.ModuleDict()
+        self.halo_grads = nn.ModuleDict()
         for j, layer in enumerate(self.layer_ids):
             if layer > 0 and self._uses_graph[j]:
-                self.histories[str(layer)] = History(num_nodes, dims[layer], device=device)
+                self.histories[str(layer)] = History(num_nodes, dims[layer], device=device, momentum=history_momentum)
+                if halo_gradients == "stale":
+                    self.halo_grads[str(layer)] = HaloGradients(num_nodes, dims[layer], device=device)
 
-    def _run_block(self, j: int, x_local: Tensor, c: int) -> Tensor:
+    @property
+    def input_widths(self) -> List[int]:
+        """Width of each tensor this stage receives (``h``, then ``h0`` when carried)."""
+        return [self.in_channels] + ([self.x0_channels] if self.carry_x0 and not self.is_first else [])
+
+    @property
+    def output_widths(self) -> List[int]:
+        """Width of each tensor this stage returns (``h``, then ``h0`` when carried)."""
+        return [self.out_channels] + ([self.x0_channels] if self.carry_x0 and not self.is_last else [])
+
+    def _run_block(self, j: int, x_local: Tensor, c: int, h0: Optional[Tensor]) -> Tensor:
+        if h0 is not None:  # x0 of halo rows is never used for inner outputs: pad with zeros
+            h0 = F.pad(h0, (0, 0, 0, x_local.size(0) - h0.size(0)))
         with precomputed_norm(self._norm_convs[j], self.graph.norm_edges[c]):
-            return self.blocks[j](x_local, self.graph.edge_index[c])
+            return call_block(self.blocks[j], x_local, self.graph.edge_index[c], h0)
 
-    def forward(self, h: Tensor, chunk_id: Tensor) -> Tensor:
+    def _outputs(self, h: Tensor, h0: Optional[Tensor], rows: int):
+        pad = lambda t: F.pad(t, (0, 0, 0, rows - t.size(0)))  # noqa: E731
+        if self.carry_x0 and not self.is_last:
+            return pad(h), pad(h0)
+        return pad(h)
+
+    def forward(self, h: Tensor, *carried: Tensor, chunk_id: Tensor):
         """Run chunk ``chunk_id`` through this stage's layers (training micro-batch)."""
         c = int(chunk_id.reshape(-1)[0])
         nodes, halo = self.graph.nodes[c], self.graph.halo[c]
         n = nodes.numel()
         h = h[:n]
+        h0 = carried[0][:n] if carried else None
         for j, layer in enumerate(self.layer_ids):
             if not self._uses_graph[j]:
-                h = self.blocks[j](h, self.graph.edge_index[c][:, :0])
+                h = call_block(self.blocks[j], h, self.graph.edge_index[c][:, :0], h0)
+                h0 = h if layer == 0 and self.carry_x0 else h0
                 continue
             if layer == 0:
                 halo_rows = self.x[halo]
@@ -87,11 +126,22 @@ class GNNStage(nn.Module):
                 table = self.histories[str(layer)]
                 table.push(nodes, h)
                 halo_rows = table.pull(halo)
-            h = self._run_block(j, torch.cat([h, halo_rows.to(h.dtype)]), c)[:n]
-        return F.pad(h, (0, 0, 0, self.graph.max_chunk_size - n))
+                if str(layer) in self.halo_grads:
+                    grads = self.halo_grads[str(layer)]
+                    halo_rows = grads.collect(halo_rows, halo)
+                    h = grads.apply(h, nodes)
+            h = self._run_block(j, torch.cat([h, halo_rows.to(h.dtype)]), c, h0)[:n]
+            h0 = h if layer == 0 and self.carry_x0 else h0
+        return self._outputs(h, h0, self.graph.max_chunk_size)
+
+    def next_epoch(self) -> None:
+        """Start a training epoch: last epoch's collected halo gradients become the ones applied."""
+        for grads in self.halo_grads.values():
+            grads.next_epoch()
 
     @torch.no_grad()
-    def forward_full(self, h: Tensor, write_history: bool = False) -> Tensor:
+    def forward_full(self, h: Tensor, *carried: Tensor, write_history: bool = False,
+                     drift: Optional[Dict[int, float]] = None):
         """Compute this stage's layers exactly for the whole graph, layer by layer.
 
         Every layer sees fresh inputs for all nodes (no historical rows), so stacking the
@@ -100,27 +150,35 @@ class GNNStage(nn.Module):
 
         Args:
             h: Input embeddings of all nodes ``(|V|, dims[l_s])`` (``x`` for the first stage).
+            carried: ``h0`` ``(|V|, dims[1])`` when the model carries it and this is not the first stage.
             write_history: Whether to refill the history tables.
+            drift: If given (with ``write_history``), receives each refreshed layer's drift
+                ``||old - exact|| / ||exact||`` before the refresh.
 
         Returns:
-            Output embeddings of all nodes ``(|V|, dims[l_{s+1}])``.
+            Output embeddings of all nodes ``(|V|, dims[l_{s+1}])`` (and ``h0`` when carried).
         """
         g = self.graph
+        h0 = carried[0] if carried else None
         for j, layer in enumerate(self.layer_ids):
             if write_history and str(layer) in self.histories:
-                self.histories[str(layer)].emb.copy_(h)
+                d = self.histories[str(layer)].refresh(h)
+                if drift is not None:
+                    drift[layer] = d
             if not self._uses_graph[j]:
-                h = self.blocks[j](h, g.edge_index[0][:, :0])
-                continue
-            out: Optional[Tensor] = None
-            for c in range(g.num_chunks):
-                nodes, halo = g.nodes[c], g.halo[c]
-                o = self._run_block(j, torch.cat([h[nodes], h[halo]]), c)[: nodes.numel()]
-                if out is None:
-                    out = o.new_empty(h.size(0), o.size(-1))
-                out[nodes] = o
-            h = out
-        return h
+                h = call_block(self.blocks[j], h, g.edge_index[0][:, :0], h0)
+            else:
+                out: Optional[Tensor] = None
+                for c in range(g.num_chunks):
+                    nodes, halo = g.nodes[c], g.halo[c]
+                    x0 = None if h0 is None else h0[nodes]
+                    o = self._run_block(j, torch.cat([h[nodes], h[halo]]), c, x0)[: nodes.numel()]
+                    if out is None:
+                        out = o.new_empty(h.size(0), o.size(-1))
+                    out[nodes] = o
+                h = out
+            h0 = h if layer == 0 and self.carry_x0 else h0
+        return self._outputs(h, h0, h.size(0))
 
     def reset_history(self) -> None:
         """Zero every history table."""

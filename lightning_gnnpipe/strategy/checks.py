@@ -8,6 +8,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
+from lightning_gnnpipe.nn.feature_norm import check_feature_norms
 from lightning_gnnpipe.nn.normalization import check_supported
 from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack
 from lightning_gnnpipe.pipeline.schedule import check_schedule
@@ -23,7 +24,8 @@ def check_layout(
 
     Raises:
         TypeError: No ``GraphChunkDataModule``, or no splittable layer stack.
-        ValueError: More stages than layers, a multi-hop conv, a schedule that cannot run with
+        ValueError: More stages than layers, a multi-hop conv, a graph-wide norm layer (see
+            :func:`~lightning_gnnpipe.nn.feature_norm.check_feature_norms`), a schedule that cannot run with
             the given ``K`` and ``S``, or a non-GPipe schedule without ``pipeline_chunk_loss``.
     """
     if not isinstance(datamodule, GraphChunkDataModule):
@@ -33,6 +35,7 @@ def check_layout(
         )
     stack = find_layer_stack(module)
     check_supported(stack.blocks)
+    check_feature_norms(stack.blocks)
     try:
         split_layers(stack.num_layers, num_stages)
     except ValueError as err:
@@ -52,28 +55,26 @@ def check_layout(
     return stack
 
 
-def check_ranks_agree(fingerprint: str, in_channels: int, out_channels: int, stage_index: int) -> None:
-    """Check that all ranks built the same chunk plan and that adjacent stages' widths match.
+def check_stage_widths(input_widths: List[int], output_widths: List[int]) -> None:
+    """Check that every stage sends what the next stage expects (a collective: call on every rank).
 
-    A collective (``all_gather_object``): call it on every rank. Stages exchange fixed-shape
-    buffers, so a width mismatch would otherwise surface as a failed or hanging transfer.
+    Stages exchange fixed-shape buffers, so a width mismatch (a model built differently on some
+    rank) would otherwise surface as a failed or hanging transfer.
+
+    Args:
+        input_widths: Widths of the tensors this rank's stage receives.
+        output_widths: Widths of the tensors this rank's stage sends.
 
     Raises:
-        RuntimeError: On every rank, if the ranks' chunk plans or stage widths disagree.
+        RuntimeError: On every rank, if stage ``s`` sends other widths than stage ``s + 1`` expects.
     """
     infos: List[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(infos, (fingerprint, in_channels, out_channels, stage_index))
-    prints = [i[0] for i in infos]
-    if len(set(prints)) != 1:
-        raise RuntimeError(
-            f"GNNPipeStrategy: ranks built different chunk plans (got fingerprints {prints}). "
-            "Build the GraphChunkDataModule from the same graph on every rank, or pass `part=`."
-        )
+    dist.all_gather_object(infos, (list(input_widths), list(output_widths)))
     for s in range(len(infos) - 1):
-        sent, expected = infos[s][2], infos[s + 1][1]
+        sent, expected = infos[s][1], infos[s + 1][0]
         if sent != expected:
             raise RuntimeError(
-                f"GNNPipeStrategy: stage {s} sends embeddings of width {sent} but stage {s + 1} expects width "
-                f"{expected} (got (in, out) widths per stage {[(i[1], i[2]) for i in infos]}). Build the model "
-                "identically on every rank: same hyperparameters, no layers that depend on the rank."
+                f"GNNPipeStrategy: stage {s} sends embeddings of widths {sent} but stage {s + 1} expects widths "
+                f"{expected} (got (in, out) widths per stage {infos}). Build the model identically on every "
+                "rank: same hyperparameters, no layers that depend on the rank."
             )

@@ -8,6 +8,7 @@ follows ``lightning.pytorch.strategies.DDPStrategy`` (Lightning 2.6); stages and
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 from typing import Any, Dict, List, Literal, Mapping, Optional, Union
 
@@ -28,15 +29,17 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.optim import Optimizer
 
+from lightning_gnnpipe.comm.accounting import CommStats, log_comm
+from lightning_gnnpipe.comm.pipeline import PipelineRecorder
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
-from lightning_gnnpipe.nn.stack import LayerStack, infer_dims
+from lightning_gnnpipe.nn.stack import LayerStack, infer_dims, takes_x0
+from lightning_gnnpipe.pipeline.balance import check_balance, stage_layers
 from lightning_gnnpipe.pipeline.graph import build_chunk_graph
 from lightning_gnnpipe.pipeline.loss import PipelineLoss, chunk_has_labels
 from lightning_gnnpipe.pipeline.schedule import build_schedule, check_schedule
-from lightning_gnnpipe.pipeline.split import split_layers
 from lightning_gnnpipe.pipeline.stage import GNNStage
 from lightning_gnnpipe.strategy.checkpoint import CHECKPOINT_KEY, gather_pipeline_state, restore_history, restore_rng
-from lightning_gnnpipe.strategy.checks import CHUNK_LOSS_HOOK, check_layout, check_ranks_agree
+from lightning_gnnpipe.strategy.checks import CHUNK_LOSS_HOOK, check_layout, check_stage_widths
 from lightning_gnnpipe.strategy.failures import handle_rank_failure
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.launcher import _CheckedMultiProcessingLauncher
@@ -69,9 +72,21 @@ class GNNPipeStrategy(ParallelStrategy):
     Args:
         schedule: ``"gpipe"`` (default; exact for any ``training_step`` loss) or ``"1f1b"``
             (needs ``pipeline_chunk_loss`` on the module, see ``docs/quickstart.md``).
-        refresh_on_start: Fill the history tables with an exact forward at the start of fit,
-            instead of starting from zeros. On resume from a checkpoint that holds the tables,
-            they are loaded instead (no refresh).
+        refresh_on_start: Fill the history tables with an exact forward at the start of fit (and
+            of a resumed fit), instead of starting from zeros. On resume from a checkpoint that
+            holds the tables, they are loaded instead (no refresh).
+        refresh_every: Also refresh every this many epochs (0: never). Each refresh costs one
+            no-grad full-graph forward; its time is logged as ``gnnpipe/refresh_seconds``.
+        history_momentum: Moving-average momentum ``m`` of the history tables: a write stores
+            ``m * old + (1 - m) * new`` (0: plain overwrite).
+        halo_gradients: ``"detach"`` (default) drops gradients that reach halo rows;
+            ``"stale"`` applies them to the owner chunk one epoch later (PipeGCN-style).
+        log_staleness: Log per epoch ``gnnpipe/stale_edge_fraction`` (edges read historical, per
+            layer >= 1), ``gnnpipe/stale_age_epochs`` (their mean age) and, at each periodic refresh,
+            ``gnnpipe/drift_layer{l}`` (``||h_hist - h_exact|| / ||h_exact||``).
+        balance: How layers are cut into stages: ``"count"`` (default; equal numbers of
+            layers) or ``"time"`` (equal measured forward+backward time, profiled once on one
+            chunk on rank 0; see :mod:`lightning_gnnpipe.pipeline.balance`).
         save_history: Also store every history table in checkpoints (``|V| x d_l`` floats per
             layer), so that a resumed run continues exactly like an uninterrupted one. See
             ``docs/reliability.md``.
@@ -82,7 +97,7 @@ class GNNPipeStrategy(ParallelStrategy):
         process_group_backend: ``"gloo"`` (CPU default) or ``"nccl"`` (GPU default).
 
     Raises:
-        ValueError: Unknown ``schedule`` or ``start_method`` (here); bad layouts before the
+        ValueError: Unknown ``schedule``, ``balance`` or ``start_method`` (here); bad layouts before the
             process group starts (see :func:`~lightning_gnnpipe.strategy.checks.check_layout`).
     """
 
@@ -92,6 +107,11 @@ class GNNPipeStrategy(ParallelStrategy):
         self,
         schedule: str = "gpipe",
         refresh_on_start: bool = True,
+        refresh_every: int = 0,
+        history_momentum: float = 0.0,
+        halo_gradients: str = "detach",
+        log_staleness: bool = True,
+        balance: str = "count",
         save_history: bool = False,
         timeout: timedelta = timedelta(seconds=600),
         start_method: Literal["spawn", "popen"] = "spawn",
@@ -115,6 +135,19 @@ class GNNPipeStrategy(ParallelStrategy):
         self.refresh_on_start = refresh_on_start
         self.save_history = save_history
         self._resume_state: Optional[Dict[str, Any]] = None
+        if isinstance(refresh_every, bool) or not isinstance(refresh_every, int) or refresh_every < 0:
+            raise ValueError(f"GNNPipeStrategy: `refresh_every` must be an int >= 0 epochs (got {refresh_every!r}).")
+        if not 0.0 <= history_momentum < 1.0:
+            raise ValueError(f"GNNPipeStrategy: `history_momentum` must be in [0, 1) (got {history_momentum}).")
+        if halo_gradients not in ("detach", "stale"):
+            raise ValueError(
+                f"GNNPipeStrategy: `halo_gradients` must be 'detach' or 'stale' (got {halo_gradients!r})."
+            )
+        self.refresh_every = refresh_every
+        self.history_momentum = history_momentum
+        self.halo_gradients = halo_gradients
+        self.log_staleness = log_staleness
+        self.balance = check_balance(balance)
         self._timeout = timeout
         self._start_method = start_method
         self._process_group_backend = process_group_backend
@@ -126,6 +159,8 @@ class GNNPipeStrategy(ParallelStrategy):
         self._grads: List[tuple] = []
         self._owners: Dict[int, int] = {}
         self._layers: List[List[int]] = []
+        self.comm_stats = CommStats()  # this rank's traffic in the last training step
+        self.comm_metrics: Dict[str, float] = {}  # every rank's, as logged (comm/...)
 
     # ------------------------------------------------------------------ plumbing (as DDP)
     @property
@@ -237,21 +272,30 @@ class GNNPipeStrategy(ParallelStrategy):
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
 
-    def _build(self, trainer: Trainer) -> None:
+    def _prepare(self, trainer: Trainer) -> tuple:
+        """Check the layout and that all ranks hold one plan; return ``(stack, plan, data, x)``."""
         dm: GraphChunkDataModule = trainer.datamodule
         stack = self._stack = self.check(trainer)
-        plan, data, device = dm.plan, dm.data, self.root_device
-        x = data.x.to(device)
+        self._check_same_plan(dm.plan)
+        x = dm.data.x.to(self.root_device)
         self._dims = infer_dims(stack.blocks, x[:2])
-        layers = self._layers = split_layers(stack.num_layers, self.num_stages)
+        return stack, dm.plan, dm.data, x
+
+    def _build(self, trainer: Trainer) -> None:
+        stack, plan, data, x = self._prepare(trainer)
+        device = self.root_device
+        layers = self._layers = stage_layers(self.balance, stack.blocks, self.num_stages, plan, data.edge_index, x)
         self._owners = tensor_owners(stack.blocks, layers)
         mine = layers[self.stage_index]
-        check_ranks_agree(plan.fingerprint(), self._dims[mine[0]], self._dims[mine[-1] + 1], self.stage_index)
         rank_zero_info(f"GNNPipeStrategy: stage -> layers {layers}; {plan.num_chunks} chunks of "
                        f"{min(plan.chunk_sizes)}-{plan.max_chunk_size} nodes, edge cut {plan.edge_cut:.3f}")
         blocks = [stack.blocks[i] for i in mine]
         graph = build_chunk_graph(plan, data.edge_index, blocks, device, dtype=x.dtype)
-        self._stage = GNNStage(blocks, mine, self._dims, graph, x=x if 0 in mine else None)
+        self._stage = GNNStage(blocks, mine, self._dims, graph, x=x if 0 in mine else None,
+                               history_momentum=self.history_momentum, halo_gradients=self.halo_gradients,
+                               carry_x0=any(takes_x0(b) for b in stack.blocks))
+        check_stage_widths(self._stage.input_widths, self._stage.output_widths)
+        self._stale_stats = trainer.datamodule.stale_read_stats()
         self._num_nodes_graph = plan.num_nodes
         self._x_pad = plan.pad(data.x).to(device) if self.stage_index == 0 else None
         self._num_chunks = plan.num_chunks
@@ -261,39 +305,80 @@ class GNNPipeStrategy(ParallelStrategy):
             self._loss = PipelineLoss(graph, plan.num_nodes, mode) if self.is_last_stage else None
             self._schedule = build_schedule(
                 self._stage, self.stage_index, self.num_stages, device, plan.max_chunk_size,
-                self._stage.in_channels, self._stage.out_channels, self.schedule_name, plan.num_chunks,
+                self._stage.input_widths, self._stage.output_widths, self.schedule_name, plan.num_chunks,
                 # Every rank must pass a loss_fn: the schedules run backwards only when one is set.
                 self._loss if self._loss is not None else _not_last_stage,
             )
+            self._recorder = PipelineRecorder(self._schedule, self.comm_stats)
+
+    def _check_same_plan(self, plan: Any) -> None:
+        prints: List[Any] = [None] * self.world_size
+        dist.all_gather_object(prints, plan.fingerprint())
+        if len(set(prints)) != 1:
+            raise RuntimeError(
+                f"{type(self).__name__}: ranks built different chunk plans (got fingerprints {prints}). "
+                "Build the GraphChunkDataModule from the same graph on every rank, or pass `part=`."
+            )
 
     # ------------------------------------------------------------------ exact full-graph forward
-    def _send_recv_full(self, h: Optional[Tensor], write_history: bool) -> Tensor:
+    def _send_recv_full(self, h: Optional[Tensor], write_history: bool,
+                        drift: Optional[Dict[int, float]] = None) -> Tensor:
         """Exact layer-by-layer forward through all stages; return logits ``(|V|, C)`` on every rank."""
         assert self._stage is not None
         n, s = self._num_nodes_graph, self.stage_index
         device = self.root_device
         if s == 0:
-            h = self._stage.x
+            inputs = [self._stage.x]
         else:
-            h = torch.empty(n, self._stage.in_channels, device=device)
-            dist.recv(h, src=s - 1)
-        h = self._stage.forward_full(h, write_history=write_history).contiguous()
+            inputs = [torch.empty(n, d, device=device) for d in self._stage.input_widths]
+            for t in inputs:
+                dist.recv(t, src=s - 1)
+        outputs = self._stage.forward_full(*inputs, write_history=write_history, drift=drift)
+        outputs = [t.contiguous() for t in (outputs if isinstance(outputs, tuple) else (outputs,))]
+        h = outputs[0]
         if not self.is_last_stage:
-            dist.send(h, dst=s + 1)
+            for t in outputs:
+                dist.send(t, dst=s + 1)
             h = torch.empty(n, self._dims[-1], device=device, dtype=h.dtype)
         dist.broadcast(h, src=self.num_stages - 1)
         return h
 
-    def refresh_history(self) -> None:
-        """Refill every stage's history tables with an exact no-grad full-graph forward."""
+    def refresh_history(self) -> Dict[int, float]:
+        """Refill every stage's history tables with an exact no-grad full-graph forward.
+
+        Returns:
+            Drift ``||h_hist - h_exact|| / ||h_exact||`` per refreshed layer, gathered from all stages.
+        """
         assert self._stage is not None
         flags = [(m, m.training) for m in self._stage.modules()]
         self._stage.eval()
+        drift: Dict[int, float] = {}
         try:
-            self._send_recv_full(None, write_history=True)
+            self._send_recv_full(None, write_history=True, drift=drift)
         finally:
             for m, flag in flags:
                 m.training = flag
+        gathered: List[Any] = [None] * self.num_stages
+        dist.all_gather_object(gathered, drift)
+        return {k: v for part in gathered for k, v in part.items()}
+
+    def _before_step(self) -> None:
+        """Periodic refresh, halo-gradient epoch switch and staleness logging, once per epoch."""
+        assert self._stage is not None
+        lm = self.lightning_module
+        epoch = lm.trainer.current_epoch
+        log = dict(batch_size=1, on_step=False, on_epoch=True)
+        if self.refresh_every and epoch > 0 and epoch % self.refresh_every == 0:
+            start = time.perf_counter()
+            drift = self.refresh_history()
+            if self.log_staleness:
+                lm.log("gnnpipe/refresh_seconds", time.perf_counter() - start, **log)
+                for layer, value in sorted(drift.items()):
+                    lm.log(f"gnnpipe/drift_layer{layer}", value, **log)
+        self._stage.next_epoch()
+        if self.log_staleness:
+            lm.log("gnnpipe/stale_edge_fraction", self._stale_stats[0], **log)
+            lm.log("gnnpipe/stale_age_epochs", self._stale_stats[1], **log)
 
     def on_train_start(self) -> None:
         super().on_train_start()
@@ -310,6 +395,7 @@ class GNNPipeStrategy(ParallelStrategy):
         batch = args[0]
         for p in lm.parameters():
             p.grad = None
+        self._before_step()
         ids = torch.arange(self._num_chunks, device=self.root_device)
         step_args = (self._x_pad,) if self.stage_index == 0 else ()
         step_kwargs: Dict[str, Any] = {"chunk_id": ids}
@@ -318,6 +404,7 @@ class GNNPipeStrategy(ParallelStrategy):
             self._loss.reset(full_loss=lambda full: self._user_loss(full, batch, args, kwargs),
                              chunk_loss=lambda out, c: self._chunk_loss(out, c, batch))
             step_kwargs.update(target=ids, return_outputs=False)
+        self._recorder.begin()
         with self.precision_plugin.train_step_context():
             self._schedule.step(*step_args, **step_kwargs)
             if self.is_last_stage:
@@ -325,6 +412,9 @@ class GNNPipeStrategy(ParallelStrategy):
             else:
                 logits = torch.empty(self._num_nodes_graph, self._dims[-1], device=self.root_device)
             dist.broadcast(logits, src=self.num_stages - 1)
+            self._recorder.end()
+            self.comm_stats.record_broadcast("logits", logits, self.num_stages - 1, self.stage_index, self.num_stages)
+            self.comm_metrics = log_comm(lm, self.comm_stats)
             if self.is_last_stage and self._loss.step_output is not None:
                 output = self._loss.step_output
             else:

@@ -1,0 +1,42 @@
+"""``lightning-gnnpipe``: the command line, a ``LightningCLI`` over a node classifier and a graph.
+
+Source: Lightning docs, "Configure hyperparameters from the CLI" (``LightningCLI``, 2.6).
+
+    lightning-gnnpipe fit --config examples/configs/cora_gcn.yaml
+    lightning-gnnpipe fit --config examples/configs/cora_gcn.yaml --trainer.max_epochs=50 --model.num_layers=8
+    lightning-gnnpipe test --config examples/configs/cora_gcn.yaml --ckpt_path=path/to/last.ckpt
+    lightning-gnnpipe fit --config examples/configs/cora_gcn.yaml --print_config   # the full config as YAML
+
+Without the console script (e.g. from a clone): ``python -m lightning_gnnpipe.cli ...``.
+The subcommands are Lightning's: ``fit``, ``validate``, ``test``, ``predict``. The model is
+:class:`~lightning_gnnpipe.models.NodeClassifier`, the data
+:class:`~lightning_gnnpipe.data.planetoid.PlanetoidChunkDataModule`; the model's input and
+output widths are taken from the data.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+import lightning_gnnpipe  # noqa: F401  (registers strategy="gnnpipe")
+from lightning_gnnpipe.data.planetoid import PlanetoidChunkDataModule
+from lightning_gnnpipe.models import NodeClassifier
+
+
+class GNNPipeCLI(LightningCLI):
+    """``LightningCLI`` that links the model's widths to the graph."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments("data.num_features", "model.in_channels", apply_on="instantiate")
+        parser.link_arguments("data.num_classes", "model.out_channels", apply_on="instantiate")
+
+
+def main(args: Optional[List[str]] = None) -> None:
+    """Run the CLI on ``args`` (default: ``sys.argv[1:]``)."""
+    GNNPipeCLI(NodeClassifier, PlanetoidChunkDataModule, args=args, save_config_kwargs={"overwrite": True})
+
+
+if __name__ == "__main__":  # the spawned stage processes import this module; they must not run it
+    main()

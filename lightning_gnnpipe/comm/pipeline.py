@@ -1,0 +1,88 @@
+"""Count the pipeline's P2P bytes and split a stage's step time into compute, bubble and wait.
+
+``torch.distributed.pipelining`` (torch 2.13) builds every stage-boundary transfer as a
+``dist.P2POp`` in ``get_fwd_send_ops`` / ``get_bwd_send_ops`` (and the matching ``*_recv_ops``)
+of the stage, and the schedule runs them. Wrapping those four methods of *this* stage object
+counts exactly the tensors that cross the boundary. Wrapping ``forward_one_chunk``,
+``backward_one_chunk`` and the schedule's loss call gives a timeline of compute events; what is
+left of the step is time spent blocked on the neighbours:
+
+* bubble (fill and drain): the gap before the first forward, the gap before the first
+  backward, and the gap after the last backward until the step ends;
+* wait: every other gap (steady-state waiting for a neighbour's activations or gradients).
+
+For equal stage times the bubble is ``(S-1)/(K+S-1)`` of the step (GPipe, arXiv 1811.06965).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, List, Tuple
+
+import torch.distributed as dist
+
+from lightning_gnnpipe.comm.accounting import CommStats, nbytes
+
+
+class PipelineRecorder:
+    """Instrument one rank's ``PipelineStage`` and schedule; fill a :class:`CommStats` per step.
+
+    Args:
+        schedule: A single-stage schedule (``ScheduleGPipe``, ``Schedule1F1B``).
+        stats: The object to fill; :meth:`begin` resets it.
+    """
+
+    def __init__(self, schedule: Any, stats: CommStats) -> None:
+        self.stats = stats
+        self.events: List[Tuple[str, float, float]] = []
+        self._t0 = 0.0
+        stage = schedule._stage
+        for name, kind in (("get_fwd_send_ops", "stage_activations"), ("get_fwd_recv_ops", "stage_activations"),
+                           ("get_bwd_send_ops", "stage_gradients"), ("get_bwd_recv_ops", "stage_gradients")):
+            setattr(stage, name, self._counting(getattr(stage, name), kind))
+        stage.forward_one_chunk = self._timed(stage.forward_one_chunk, "fwd")
+        stage.backward_one_chunk = self._timed(stage.backward_one_chunk, "bwd")
+        schedule._maybe_compute_loss = self._timed(schedule._maybe_compute_loss, "loss")
+
+    def _counting(self, method: Callable, kind: str) -> Callable:
+        def wrapped(*args: Any, **kwargs: Any):
+            ops = method(*args, **kwargs)
+            for op in ops:
+                if op.op in (dist.isend, dist.send):
+                    self.stats.record(kind, sent=nbytes(op.tensor))
+                else:
+                    self.stats.record(kind, recv=nbytes(op.tensor))
+            return ops
+
+        return wrapped
+
+    def _timed(self, method: Callable, name: str) -> Callable:
+        def wrapped(*args: Any, **kwargs: Any):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.events.append((name, start, time.perf_counter()))
+
+        return wrapped
+
+    def begin(self) -> None:
+        """Start a step: reset the counts and the timeline."""
+        self.stats.reset()
+        self.events = []
+        self._t0 = time.perf_counter()
+
+    def end(self) -> None:
+        """End a step: set ``step_s``, ``compute_s``, ``bubble_s`` and ``wait_s`` (seconds)."""
+        t1 = time.perf_counter()
+        s = self.stats
+        s.step_s = t1 - self._t0
+        if not self.events:
+            return
+        s.compute_s = sum(e - b for _, b, e in self.events)
+        bubble = self.events[0][1] - self._t0 + (t1 - self.events[-1][2])
+        first_bwd = next((i for i, ev in enumerate(self.events) if ev[0] == "bwd"), None)
+        if first_bwd:
+            bubble += self.events[first_bwd][1] - self.events[first_bwd - 1][2]
+        s.bubble_s = bubble
+        s.wait_s = max(0.0, s.step_s - s.compute_s - bubble)

@@ -1,0 +1,81 @@
+"""The ``lightning-gnnpipe`` command line (LightningCLI), its configs, model and DataModule."""
+
+import glob
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lightning_gnnpipe.cli import main
+from lightning_gnnpipe.data.planetoid import PlanetoidChunkDataModule
+from lightning_gnnpipe.models import NodeClassifier, resolve_gnn
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples" / "configs").glob("*.yaml"))
+
+
+def test_console_script_is_declared():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"lightning-gnnpipe": "lightning_gnnpipe.cli:main"}
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_print_config(config, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", config, "--trainer.max_epochs=3", "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    source = yaml.safe_load((ROOT / config).read_text())
+    assert printed["trainer"]["strategy"]["class_path"] == "lightning_gnnpipe.GNNPipeStrategy"
+    assert printed["trainer"]["devices"] == 2 and printed["trainer"]["max_epochs"] == 3
+    assert printed["data"]["name"] == source["data"]["name"]
+    assert printed["model"]["gnn"] == source["model"]["gnn"]
+    assert "in_channels" not in printed["model"]  # linked from the data
+
+
+def test_fit_from_yaml_as_a_subprocess(tmp_path):
+    cmd = [sys.executable, "-m", "lightning_gnnpipe.cli", "fit", "--config", "examples/configs/cora_gcn.yaml",
+           "--trainer.max_epochs=2", f"--trainer.default_root_dir={tmp_path}",
+           f"--trainer.logger.init_args.save_dir={tmp_path}"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (run_dir,) = glob.glob(str(tmp_path / "cora_gcn" / "version_*"))
+    saved = yaml.safe_load(Path(run_dir, "config.yaml").read_text())
+    assert saved["trainer"]["max_epochs"] == 2 and saved["data"]["num_chunks"] == 8
+    assert len(glob.glob(os.path.join(run_dir, "checkpoints", "*.ckpt"))) == 1
+    scalars = {}
+    for f in glob.glob(os.path.join(run_dir, "events.*")):
+        acc = EventAccumulator(f)
+        acc.Reload()
+        scalars.update({tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]})
+    assert len(scalars["train_loss"]) == 2 and all(math.isfinite(v) for v in scalars["train_loss"])
+    assert len(scalars["val_acc"]) == 2 and all(0.0 <= v <= 1.0 for v in scalars["val_acc"])
+
+
+def test_planetoid_datamodule_widths():
+    dm = PlanetoidChunkDataModule("Cora", num_chunks=4)
+    assert (dm.num_features, dm.num_classes, dm.plan.num_chunks) == (1433, 7, 4)
+
+
+def test_node_classifier_builds_the_named_gnn():
+    module = NodeClassifier(16, 4, gnn="GAT", hidden_channels=32, num_layers=3, gnn_kwargs={"heads": 4})
+    assert type(module.gnn).__name__ == "GAT" and module.gnn.num_layers == 3
+    assert resolve_gnn("torch_geometric.nn.models.GIN").__name__ == "GIN"
+
+
+@pytest.mark.parametrize("gnn,error,match", [
+    ("NoSuchGNN", ValueError, r"no GNN class 'NoSuchGNN'"),
+    ("no_such_module.GCN", ValueError, r"no GNN class 'no_such_module.GCN'"),
+    ("MLP", TypeError, r"must name a torch_geometric BasicGNN subclass \(got 'MLP'"),
+])
+def test_node_classifier_errors(gnn, error, match):
+    with pytest.raises(error, match=match):
+        resolve_gnn(gnn)

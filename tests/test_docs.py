@@ -1,0 +1,50 @@
+"""The code in the docs runs as written (so the docs cannot rot)."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import one_thread  # noqa: F401 (fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def python_blocks(doc: str):
+    return re.findall(r"```python\n(.*?)```", (ROOT / "docs" / doc).read_text(), flags=re.S)
+
+
+def example(doc: str, filename: str) -> str:
+    found = [b for b in python_blocks(doc) if b.startswith(f"# file: {filename}\n")]
+    assert len(found) == 1, f"docs/{doc} must hold one python block starting with '# file: {filename}'"
+    return found[0]
+
+
+def test_custom_model_check_snippet_passes_on_the_example(cora, one_thread):
+    namespace = {"__name__": "custom_gnn"}
+    exec(compile(example("custom_models.md", "custom_gnn.py"), "custom_gnn.py", "exec"), namespace)
+    torch.manual_seed(0)
+    model = namespace["DeepResGCN"](cora.num_features, 32, 7, num_layers=4)
+    check = [b for b in python_blocks("custom_models.md") if "forward_full" in b]
+    assert len(check) == 1
+    exec(compile(check[0], "check.py", "exec"), {"model": model, "data": cora})
+    with pytest.raises(AssertionError):  # the check can fail: a model whose forward skips a block
+        model.forward = lambda x, edge_index: namespace["DeepResGCN"].forward(model, x, edge_index) * 2
+        exec(compile(check[0], "check.py", "exec"), {"model": model, "data": cora})
+
+
+def test_custom_model_example_trains(tmp_path):
+    script = tmp_path / "custom_gnn.py"
+    script.write_text(example("custom_models.md", "custom_gnn.py"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "balance='time'" in run.stdout + run.stderr
+    acc = float(re.search(r"test accuracy: ([0-9.]+)", run.stdout).group(1))
+    print(f"custom_gnn.py: test accuracy {acc:.4f}")
+    assert acc > 0.6, run.stdout
