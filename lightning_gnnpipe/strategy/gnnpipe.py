@@ -382,10 +382,10 @@ class GNNPipeStrategy(ParallelStrategy):
 
     def on_train_start(self) -> None:
         super().on_train_start()
-        assert self._stage is not None
         saved, self._resume_state = self._resume_state, None
-        if not restore_history(saved, self._stage, self.lightning_module.trainer.datamodule.plan) \
-                and self.refresh_on_start:
+        restored = self._stage is not None and restore_history(
+            saved, self._stage, self.lightning_module.trainer.datamodule.plan)
+        if not restored and self.refresh_on_start:
             self.refresh_history()
 
     # ------------------------------------------------------------------ steps
