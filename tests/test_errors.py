@@ -27,10 +27,12 @@ def _fit(module, dm, devices=2, **kwargs):
     (lambda d: d.edge_index.__setitem__((0, 0), -1), ValueError, "outside"),
     (lambda d: d.edge_index.__setitem__((0, 0), 60), ValueError, r"outside \[0, 60\)"),
     (lambda d: d.x.__setitem__((3, 1), float("nan")), ValueError, "NaN or Inf"),
+    (lambda d: d.x.__setitem__((5, 0), float("inf")), ValueError, r"NaN or Inf \(got 1 bad rows\)"),
     (lambda d: setattr(d, "y", d.y[:-1]), ValueError, "one entry per node"),
     (lambda d: setattr(d, "train_mask", d.train_mask[:-2]), ValueError, r"shape \(60,\)"),
     (lambda d: setattr(d, "val_mask", torch.zeros(60, dtype=torch.bool)), ValueError, "selects no node"),
     (lambda d: d.y.__setitem__(d.train_mask.nonzero()[0], -1), ValueError, "unlabelled"),
+    (lambda d: d.y.__setitem__(d.val_mask, -1), ValueError, r"`data.val_mask` selects unlabelled nodes"),
     (lambda d: setattr(d, "test_mask", d.test_mask.long()), TypeError, "torch.bool"),
 ])
 def test_bad_graph(graph, mutate, error, match):
@@ -90,3 +92,19 @@ def test_multi_hop_conv_is_refused(graph):
     module.gnn = Blocks()
     with pytest.raises(ValueError, match=r"SGConv\(K=2\)"):
         _fit(module, GraphChunkDataModule(graph, num_chunks=2))
+
+
+@pytest.mark.parametrize("make,error,match", [
+    (lambda n: torch.zeros(n), TypeError, "`part` must be a torch.long tensor"),
+    (lambda n: torch.zeros(n - 1, dtype=torch.long), ValueError, r"`part` must have shape \(60,\)"),
+    (lambda n: torch.arange(n) % 3, ValueError, r"chunk ids outside \[0, 2\) \(got min 0, max 2\)"),
+    (lambda n: torch.zeros(n, dtype=torch.long), ValueError, r"empty chunks \[1\]"),
+])
+def test_bad_part(graph, make, error, match):
+    with pytest.raises(error, match=match):
+        GraphChunkDataModule(graph, num_chunks=2, part=make(60))
+
+
+def test_bad_start_method():
+    with pytest.raises(ValueError, match="`start_method` must be 'spawn' or 'popen'"):
+        GNNPipeStrategy(start_method="fork")

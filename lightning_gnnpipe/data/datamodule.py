@@ -11,7 +11,7 @@ from torch_geometric.data import Data
 
 from lightning_gnnpipe.data.chunk import ChunkPlan, build_chunk_plan
 from lightning_gnnpipe.data.order import greedy_chunk_order, stale_read_stats
-from lightning_gnnpipe.data.validation import validate_graph, validate_num_chunks
+from lightning_gnnpipe.data.validation import validate_graph, validate_num_chunks, validate_part
 
 
 def _identity(batch: Any) -> Any:
@@ -35,7 +35,8 @@ class GraphChunkDataModule(LightningDataModule):
         data: The graph. Needs ``x`` ``(|V|, F)`` and ``edge_index`` ``(2, |E|)``; ``y`` and the
             boolean masks ``train_mask``/``val_mask``/``test_mask`` ``(|V|,)`` are optional.
         num_chunks: Number of chunks ``K`` (pipeline micro-batches per step), ``1 <= K <= |V|``.
-        part: Optional chunk id per node ``(|V|,)`` to use instead of METIS.
+        part: Optional chunk id per node ``(|V|,)``, ``torch.long`` in ``[0, K)``, every chunk
+            non-empty, to use instead of METIS.
         chunk_order: ``"greedy"`` (default) renumbers the chunks so that as many cross-chunk edges as
             possible are read fresh (:func:`~lightning_gnnpipe.data.order.greedy_chunk_order`);
             ``"metis"`` keeps METIS's part numbers.
@@ -52,6 +53,8 @@ class GraphChunkDataModule(LightningDataModule):
         self.num_chunks = validate_num_chunks(num_chunks, data.num_nodes)
         if chunk_order not in ("greedy", "metis"):
             raise ValueError(f"GraphChunkDataModule: unknown `chunk_order` {chunk_order!r}. Use 'greedy' or 'metis'.")
+        if part is not None:
+            validate_part(part, data.num_nodes, num_chunks)
         self.data = data
         plan = build_chunk_plan(data.edge_index, data.num_nodes, num_chunks, part=part)
         if chunk_order == "greedy":

@@ -95,3 +95,31 @@ def validate_num_chunks(num_chunks: object, num_nodes: int) -> int:
             f"(got {num_chunks}). Use fewer chunks."
         )
     return num_chunks
+
+
+def validate_part(part: object, num_nodes: int, num_chunks: int) -> None:
+    """Check a user-given chunk assignment: ``(|V|,)`` long ids in ``[0, K)``, no empty chunk.
+
+    Raises:
+        TypeError: If ``part`` is not a ``torch.long`` tensor.
+        ValueError: If its shape or values are wrong, or a chunk gets no node.
+    """
+    if not isinstance(part, Tensor) or part.dtype != torch.long:
+        raise TypeError(
+            f"{_WHERE}: `part` must be a torch.long tensor of chunk ids (got "
+            f"{getattr(part, 'dtype', type(part).__name__)}). Use `part.long()`."
+        )
+    if part.dim() != 1 or part.size(0) != num_nodes:
+        raise ValueError(f"{_WHERE}: `part` must have shape ({num_nodes},) (got {tuple(part.shape)}).")
+    if int(part.min()) < 0 or int(part.max()) >= num_chunks:
+        raise ValueError(
+            f"{_WHERE}: `part` holds chunk ids outside [0, {num_chunks}) (got min {int(part.min())}, max "
+            f"{int(part.max())}). Ids must be 0 .. num_chunks - 1."
+        )
+    sizes = torch.bincount(part, minlength=num_chunks)
+    if bool((sizes == 0).any()):
+        raise ValueError(
+            f"{_WHERE}: `part` leaves chunks without nodes (got empty chunks "
+            f"{(sizes == 0).nonzero().view(-1).tolist()}). Every chunk needs at least one node; use fewer "
+            "chunks or leave `part=None` (METIS, empty parts refilled)."
+        )

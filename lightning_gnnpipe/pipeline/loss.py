@@ -27,6 +27,17 @@ from torch import Tensor
 from lightning_gnnpipe.pipeline.graph import ChunkGraph
 
 
+def chunk_has_labels(batch: Any, nodes: Tensor) -> bool:
+    """Return whether ``batch.train_mask`` selects any of ``nodes`` (``True`` without a mask).
+
+    A chunk without training nodes still runs forward and backward (the pipeline needs every
+    micro-batch), but its loss term is exactly zero instead of the user hook's result, which is
+    NaN for a mean over no nodes.
+    """
+    mask = getattr(batch, "train_mask", None)
+    return not isinstance(mask, Tensor) or bool(mask[nodes].any())
+
+
 class _DeferredOutputGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out: Tensor, holder: "PipelineLoss", c: int) -> Tensor:  # type: ignore[override]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, List, Optional
 
+import torch.distributed as dist
 from torch import nn
 
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
@@ -52,3 +53,28 @@ def check_layout(
                 "(see docs/quickstart.md) or use schedule='gpipe'."
             )
     return stack
+
+
+def check_stage_widths(input_widths: List[int], output_widths: List[int]) -> None:
+    """Check that every stage sends what the next stage expects (a collective: call on every rank).
+
+    Stages exchange fixed-shape buffers, so a width mismatch (a model built differently on some
+    rank) would otherwise surface as a failed or hanging transfer.
+
+    Args:
+        input_widths: Widths of the tensors this rank's stage receives.
+        output_widths: Widths of the tensors this rank's stage sends.
+
+    Raises:
+        RuntimeError: On every rank, if stage ``s`` sends other widths than stage ``s + 1`` expects.
+    """
+    infos: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(infos, (list(input_widths), list(output_widths)))
+    for s in range(len(infos) - 1):
+        sent, expected = infos[s][1], infos[s + 1][0]
+        if sent != expected:
+            raise RuntimeError(
+                f"GNNPipeStrategy: stage {s} sends embeddings of widths {sent} but stage {s + 1} expects widths "
+                f"{expected} (got (in, out) widths per stage {infos}). Build the model identically on every "
+                "rank: same hyperparameters, no layers that depend on the rank."
+            )

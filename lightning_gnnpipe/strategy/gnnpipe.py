@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import timedelta
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Any, Dict, List, Literal, Mapping, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -35,10 +35,12 @@ from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.nn.stack import LayerStack, infer_dims, takes_x0
 from lightning_gnnpipe.pipeline.balance import check_balance, stage_layers
 from lightning_gnnpipe.pipeline.graph import build_chunk_graph
-from lightning_gnnpipe.pipeline.loss import PipelineLoss
+from lightning_gnnpipe.pipeline.loss import PipelineLoss, chunk_has_labels
 from lightning_gnnpipe.pipeline.schedule import build_schedule, check_schedule
 from lightning_gnnpipe.pipeline.stage import GNNStage
-from lightning_gnnpipe.strategy.checks import CHUNK_LOSS_HOOK, check_layout
+from lightning_gnnpipe.strategy.checkpoint import CHECKPOINT_KEY, gather_pipeline_state, restore_history, restore_rng
+from lightning_gnnpipe.strategy.checks import CHUNK_LOSS_HOOK, check_layout, check_stage_widths
+from lightning_gnnpipe.strategy.failures import handle_rank_failure
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.launcher import _CheckedMultiProcessingLauncher
 from lightning_gnnpipe.strategy.state import merged_optimizer_state, sync_stage_tensors, tensor_owners
@@ -71,7 +73,8 @@ class GNNPipeStrategy(ParallelStrategy):
         schedule: ``"gpipe"`` (default; exact for any ``training_step`` loss) or ``"1f1b"``
             (needs ``pipeline_chunk_loss`` on the module, see ``docs/quickstart.md``).
         refresh_on_start: Fill the history tables with an exact forward at the start of fit (and
-            of a resumed fit), instead of starting from zeros.
+            of a resumed fit), instead of starting from zeros. On resume from a checkpoint that
+            holds the tables, they are loaded instead (no refresh).
         refresh_every: Also refresh every this many epochs (0: never). Each refresh costs one
             no-grad full-graph forward; its time is logged as ``gnnpipe/refresh_seconds``.
         history_momentum: Moving-average momentum ``m`` of the history tables: a write stores
@@ -84,6 +87,9 @@ class GNNPipeStrategy(ParallelStrategy):
         balance: How layers are cut into stages: ``"count"`` (default; equal numbers of
             layers) or ``"time"`` (equal measured forward+backward time, profiled once on one
             chunk on rank 0; see :mod:`lightning_gnnpipe.pipeline.balance`).
+        save_history: Also store every history table in checkpoints (``|V| x d_l`` floats per
+            layer), so that a resumed run continues exactly like an uninterrupted one. See
+            ``docs/reliability.md``.
         timeout: Timeout of every collective (seconds as ``timedelta``); a rank that stops
             answering ends the job after this long. Default 600 s.
         start_method: ``"spawn"`` (default) or ``"popen"``; under torchrun/SLURM the processes
@@ -106,6 +112,7 @@ class GNNPipeStrategy(ParallelStrategy):
         halo_gradients: str = "detach",
         log_staleness: bool = True,
         balance: str = "count",
+        save_history: bool = False,
         timeout: timedelta = timedelta(seconds=600),
         start_method: Literal["spawn", "popen"] = "spawn",
         process_group_backend: Optional[str] = None,
@@ -126,6 +133,8 @@ class GNNPipeStrategy(ParallelStrategy):
         if start_method not in ("spawn", "popen"):
             raise ValueError(f"GNNPipeStrategy: `start_method` must be 'spawn' or 'popen' (got {start_method!r}).")
         self.refresh_on_start = refresh_on_start
+        self.save_history = save_history
+        self._resume_state: Optional[Dict[str, Any]] = None
         if isinstance(refresh_every, bool) or not isinstance(refresh_every, int) or refresh_every < 0:
             raise ValueError(f"GNNPipeStrategy: `refresh_every` must be an int >= 0 epochs (got {refresh_every!r}).")
         if not 0.0 <= history_momentum < 1.0:
@@ -149,6 +158,7 @@ class GNNPipeStrategy(ParallelStrategy):
         self._loss: Optional[PipelineLoss] = None
         self._grads: List[tuple] = []
         self._owners: Dict[int, int] = {}
+        self._layers: List[List[int]] = []
         self.comm_stats = CommStats()  # this rank's traffic in the last training step
         self.comm_metrics: Dict[str, float] = {}  # every rank's, as logged (comm/...)
 
@@ -274,7 +284,7 @@ class GNNPipeStrategy(ParallelStrategy):
     def _build(self, trainer: Trainer) -> None:
         stack, plan, data, x = self._prepare(trainer)
         device = self.root_device
-        layers = stage_layers(self.balance, stack.blocks, self.num_stages, plan, data.edge_index, x)
+        layers = self._layers = stage_layers(self.balance, stack.blocks, self.num_stages, plan, data.edge_index, x)
         self._owners = tensor_owners(stack.blocks, layers)
         mine = layers[self.stage_index]
         rank_zero_info(f"GNNPipeStrategy: stage -> layers {layers}; {plan.num_chunks} chunks of "
@@ -284,6 +294,7 @@ class GNNPipeStrategy(ParallelStrategy):
         self._stage = GNNStage(blocks, mine, self._dims, graph, x=x if 0 in mine else None,
                                history_momentum=self.history_momentum, halo_gradients=self.halo_gradients,
                                carry_x0=any(takes_x0(b) for b in stack.blocks))
+        check_stage_widths(self._stage.input_widths, self._stage.output_widths)
         self._stale_stats = trainer.datamodule.stale_read_stats()
         self._num_nodes_graph = plan.num_nodes
         self._x_pad = plan.pad(data.x).to(device) if self.stage_index == 0 else None
@@ -371,7 +382,10 @@ class GNNPipeStrategy(ParallelStrategy):
 
     def on_train_start(self) -> None:
         super().on_train_start()
-        if self.refresh_on_start:
+        saved, self._resume_state = self._resume_state, None
+        restored = self._stage is not None and restore_history(
+            saved, self._stage, self.lightning_module.trainer.datamodule.plan)
+        if not restored and self.refresh_on_start:
             self.refresh_history()
 
     # ------------------------------------------------------------------ steps
@@ -418,7 +432,10 @@ class GNNPipeStrategy(ParallelStrategy):
 
     def _chunk_loss(self, out: Tensor, c: int, batch: Any) -> Tensor:
         assert self._stage is not None
-        return getattr(self.lightning_module, CHUNK_LOSS_HOOK)(out, batch, self._stage.graph.nodes[c])
+        nodes = self._stage.graph.nodes[c]
+        if not chunk_has_labels(batch, nodes):
+            return out.sum() * 0.0  # the chunk still runs forward and backward, and adds exactly zero
+        return getattr(self.lightning_module, CHUNK_LOSS_HOOK)(out, batch, nodes)
 
     def backward(self, closure_loss: Tensor, optimizer: Optional[Optimizer], *args: Any, **kwargs: Any) -> Tensor:
         """Do not backpropagate again: restore the gradients the schedule computed.
@@ -467,6 +484,39 @@ class GNNPipeStrategy(ParallelStrategy):
             return opt.state_dict()
         return merged_optimizer_state(opt, self._owners, self.stage_index)
 
+    def save_checkpoint(self, checkpoint: Dict[str, Any], filepath: Any, storage_options: Optional[Any] = None) -> None:
+        """Add the pipeline's state (RNG, chunk plan, optional history tables) and write on rank 0.
+
+        Called on every rank (the state is gathered to rank 0).
+        """
+        if self._stage is not None and _distributed_is_initialized():
+            state = gather_pipeline_state(self._stage, self.lightning_module.trainer.datamodule.plan, self._layers,
+                                          self.stage_index, self.save_history and "optimizer_states" in checkpoint)
+            if state is not None:
+                checkpoint[CHECKPOINT_KEY] = state
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> Dict[str, Any]:
+        """Load the checkpoint on every rank and keep the pipeline's state for ``on_train_start``."""
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        self._resume_state = checkpoint.get(CHECKPOINT_KEY)
+        return checkpoint
+
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        """Restore the optimizers, then this stage's random generators.
+
+        Restoring the generators here, before the fit loop builds its first data iterator (which
+        draws a seed), replays exactly the draws an uninterrupted run makes after the save.
+        """
+        super().load_optimizer_state_dict(checkpoint)
+        restore_rng(checkpoint.get(CHECKPOINT_KEY), self.stage_index, self.num_stages)
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Name the rank and stage in the error; see :mod:`~lightning_gnnpipe.strategy.failures`."""
+        if _distributed_is_initialized():  # in a rank, not in the main process of a spawn launch
+            handle_rank_failure(exception, dist.get_rank(), self.num_stages, self._layers[dist.get_rank()]
+                                if self._layers else None)
+
     def on_train_end(self) -> None:
         super().on_train_end()
         # The model that spawn hands back to the main process is rank 0's: make it complete.
@@ -474,7 +524,7 @@ class GNNPipeStrategy(ParallelStrategy):
             sync_stage_tensors(self.lightning_module, self._owners)
 
     def teardown(self) -> None:
-        self._schedule = self._stage = self._loss = None
+        self._schedule = self._stage = self._loss = self._resume_state = None
         self._grads = []
         super().teardown()
 

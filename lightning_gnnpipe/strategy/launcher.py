@@ -11,8 +11,10 @@ from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
 class _CheckedMultiProcessingLauncher(_MultiProcessingLauncher):
     """Validate the model and DataModule before any worker (and process group) starts.
 
-    Also fixes the loggers' run versions in the main process. A bad layout then raises its own clear error in the user's process instead of a
-    traceback relayed from a spawned worker.
+    Also fixes the loggers' run versions in the main process. A bad layout then raises its own
+    clear error in the user's process instead of a traceback relayed from a spawned worker. In
+    the workers, an error gets a note naming the rank and stage that raised it (see
+    :mod:`~lightning_gnnpipe.strategy.failures`); the main process re-raises it with that note.
     """
 
     def launch(self, function: Callable, *args: Any, trainer: Optional[Trainer] = None, **kwargs: Any) -> Any:
@@ -26,3 +28,10 @@ class _CheckedMultiProcessingLauncher(_MultiProcessingLauncher):
             for logger in trainer.loggers:
                 _ = logger.version
         return super().launch(function, *args, trainer=trainer, **kwargs)
+
+    def _wrapping_function(self, process_idx: int, *args: Any, **kwargs: Any) -> None:
+        try:
+            super()._wrapping_function(process_idx, *args, **kwargs)
+        except BaseException as exc:
+            self._strategy.on_exception(exc)
+            raise

@@ -1,0 +1,147 @@
+"""The pipeline's own part of a checkpoint: RNG states, chunk plan, history tables.
+
+Lightning's checkpoint already holds the full ``state_dict`` (synced from every stage, see
+:mod:`~lightning_gnnpipe.strategy.state`), one merged optimizer state, the LR schedulers and
+the loops. What only the pipeline knows is stored under ``checkpoint["gnnpipe"]``:
+
+* ``rng_states``: every rank's torch/numpy/Python (and CUDA) generator states, one per stage
+  (dropout on stage ``s`` draws from rank ``s``'s generator);
+* ``fingerprint``, ``num_nodes``, ``num_chunks``, ``num_stages``, ``layers``: the chunk plan and
+  layout the run used;
+* ``history`` (with ``GNNPipeStrategy(save_history=True)``): every history table, keyed by
+  its global layer index, ``(|V|, d_l)`` each. Keying by layer, not by stage, lets a resume
+  with another number of stages put every table on the stage that now owns the layer.
+
+Everything is plain tensors, tuples and numbers, so ``torch.load(..., weights_only=True)``
+reads it. Saving is a collective (every rank sends its part to rank 0); loading is local
+(every rank reads the file and keeps its own part).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from lightning_gnnpipe.data.chunk import ChunkPlan
+from lightning_gnnpipe.pipeline.stage import GNNStage
+
+CHECKPOINT_KEY = "gnnpipe"
+"""Key of the pipeline's state in a Lightning checkpoint dict."""
+
+
+def _rng_to_plain(states: Dict[str, Any]) -> Dict[str, Any]:
+    out = dict(states)
+    if "numpy" in out:
+        kind, keys, pos, has_gauss, gauss = out["numpy"]
+        out["numpy"] = (kind, torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss),
+                        float(gauss))
+    version, state, gauss = out["python"]
+    out["python"] = (version, tuple(state), gauss)
+    return out
+
+
+def _rng_from_plain(states: Dict[str, Any]) -> Dict[str, Any]:
+    out = dict(states)
+    if "numpy" in out:
+        kind, keys, pos, has_gauss, gauss = out["numpy"]
+        out["numpy"] = (kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss)
+    return out
+
+
+def gather_pipeline_state(
+    stage: GNNStage, plan: ChunkPlan, layers: List[List[int]], rank: int, save_history: bool
+) -> Optional[Dict[str, Any]]:
+    """Collect the pipeline's state of all ranks on rank 0 (a collective: call it on every rank).
+
+    Args:
+        stage: This rank's stage.
+        plan: The chunk plan of the run.
+        layers: Layer indices of every stage, ``S`` lists.
+        rank: This rank (= stage index).
+        save_history: Whether to include the history tables (``|V| x d`` floats per layer).
+
+    Returns:
+        On rank 0 the dict stored under :data:`CHECKPOINT_KEY`; ``None`` on other ranks.
+    """
+    local = {
+        "rng": _rng_to_plain(_collect_rng_states()),
+        "history": {int(k): t.emb.detach().cpu().clone() for k, t in stage.histories.items()}
+        if save_history else None,
+    }
+    parts: Optional[List[Any]] = [None] * len(layers) if rank == 0 else None
+    dist.gather_object(local, parts, dst=0)
+    if rank != 0:
+        return None
+    assert parts is not None
+    history: Optional[Dict[int, torch.Tensor]] = None
+    if save_history:
+        history = {}
+        for part in parts:
+            history.update(part["history"])
+    return {
+        "fingerprint": plan.fingerprint(),
+        "num_nodes": plan.num_nodes,
+        "num_chunks": plan.num_chunks,
+        "num_stages": len(layers),
+        "layers": [list(lay) for lay in layers],
+        "rng_states": [part["rng"] for part in parts],
+        "history": history,
+    }
+
+
+def restore_history(saved: Optional[Dict[str, Any]], stage: GNNStage, plan: ChunkPlan) -> bool:
+    """Copy the saved history tables of this stage's layers into ``stage``.
+
+    Returns:
+        ``True`` if every table of the stage was restored; ``False`` if the checkpoint holds no
+        tables or was trained on another chunk plan (then a warning says so, and the caller
+        refreshes the tables instead).
+
+    Raises:
+        ValueError: If a saved table does not fit the stage's table (another model width).
+    """
+    if not saved or saved.get("history") is None:
+        return False
+    if saved.get("fingerprint") != plan.fingerprint():
+        rank_zero_warn(
+            f"GNNPipeStrategy: the checkpoint's history tables belong to another chunk plan (got fingerprint "
+            f"{saved.get('fingerprint')}, this run has {plan.fingerprint()}); they are not loaded. The tables "
+            "are refilled as on a fresh start. Resume with the same graph and `num_chunks` to load them."
+        )
+        return False
+    tables = saved["history"]
+    for key, table in stage.histories.items():
+        value = tables.get(int(key))
+        if value is None or value.shape != table.emb.shape:
+            raise ValueError(
+                f"GNNPipeStrategy: the checkpoint's history table of layer {key} does not fit the model (got "
+                f"{None if value is None else tuple(value.shape)}, expected {tuple(table.emb.shape)}). "
+                "Resume with the model the checkpoint was trained with."
+            )
+        table.emb.copy_(value)
+    return True
+
+
+def restore_rng(saved: Optional[Dict[str, Any]], rank: int, num_stages: int) -> bool:
+    """Set this rank's random generators to the states saved by the same stage.
+
+    Returns:
+        ``True`` if restored; ``False`` if the checkpoint has no states, or was written by a run
+        with another number of stages (then a warning says that dropout draws will differ).
+    """
+    if not saved or not saved.get("rng_states"):
+        return False
+    if saved.get("num_stages") != num_stages:
+        rank_zero_warn(
+            f"GNNPipeStrategy: the checkpoint was written with {saved.get('num_stages')} stages, this run has "
+            f"{num_stages} (got layers {saved.get('layers')}); weights, optimizer state and history tables "
+            "are restored, random generator states are not, so dropout draws differ from an uninterrupted run."
+        )
+        return False
+    _set_rng_states(_rng_from_plain(saved["rng_states"][rank]))
+    return True

@@ -1,0 +1,61 @@
+"""Tell the user which rank and stage failed, and let the original error win.
+
+When one rank raises, the others are usually waiting for it in a send, receive or collective;
+they fail a moment later with a connection error (or, if the failed rank hangs instead of
+exiting, with the process-group timeout). Every launcher (spawn, popen, torchrun) reports the
+first rank that exits with an error and stops the rest, so:
+
+* the original error gets a note naming its rank, stage and layers;
+* a rank that fails only because a peer went away gets a note saying so, and waits
+  :data:`PEER_FAILURE_GRACE_S` seconds before exiting, so that the launcher sees the rank with
+  the original error exit first.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import List, Optional
+
+import torch.distributed as dist
+
+PEER_FAILURE_GRACE_S = 2.0
+"""Seconds a rank whose peer failed waits before it exits (so the original error is reported)."""
+
+_PEER_MARKERS = (  # gloo and nccl messages when a peer died, hung or closed its connections
+    "connection closed by peer",
+    "connection reset by peer",
+    "remote worker",
+    "broken pipe",
+    "timed out",
+    "timeout",
+)
+_MARK = "_gnnpipe_handled"
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """Return whether ``exc`` looks like the consequence of another rank failing."""
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(m in text for m in _PEER_MARKERS)
+
+
+def handle_rank_failure(
+    exc: BaseException, rank: int, num_stages: int, layers: Optional[List[int]] = None
+) -> None:
+    """Add the rank/stage note to ``exc`` (once); pause if a peer's failure caused it."""
+    if getattr(exc, _MARK, False) or not isinstance(exc, Exception):
+        return
+    try:
+        setattr(exc, _MARK, True)
+    except AttributeError:  # exceptions with __slots__
+        pass
+    where = f"rank {rank} (stage {rank} of {num_stages}" + (f", layers {layers})" if layers else ")")
+    if is_peer_failure(exc):
+        exc.add_note(
+            f"GNNPipeStrategy: {where} stopped because another rank stopped answering; the error of the rank "
+            "that failed first is the cause."
+        )
+        time.sleep(PEER_FAILURE_GRACE_S)
+    else:
+        exc.add_note(f"GNNPipeStrategy: this error was raised on {where}.")

@@ -1,0 +1,140 @@
+"""A failing rank ends every rank, promptly, with the original error, and leaves no process.
+
+Two launches:
+
+* the user's way (``python script.py``), where the strategy's launcher stops the other ranks
+  once one fails: ``tests/failing_fit.py`` in a subprocess, both failure modes at once to share
+  the start-up time, with the launcher in fork mode (the spawn launcher's class and code path
+  without re-importing torch in each rank; ``python -m tests.failing_fit raise 10`` runs it with
+  spawn, see docs/reliability.md);
+* a world without a launcher (:func:`tests.world.run_world`, as under torchrun or across
+  nodes), where the surviving ranks must end by themselves: on a connection error at once,
+  or after the process-group timeout if the failed rank hangs with its connections open.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from lightning_gnnpipe import GraphChunkDataModule
+from lightning_gnnpipe.strategy.failures import PEER_FAILURE_GRACE_S
+from tests.helpers import sbm_graph
+from tests.scenarios import failing_job
+from tests.world import free_port, run_world
+
+ROOT = Path(__file__).resolve().parents[1]
+PG_TIMEOUT_S = 10.0  # the short process-group timeout of these tests (the default is 600 s)
+LIMIT_S = 60.0  # every rank must be gone this long after a failure
+
+
+class _Launch:
+    """``python -m tests.failing_fit MODE`` with its output in files and its descendants tracked."""
+
+    def __init__(self, mode: str, directory: Path) -> None:
+        self.stderr_path = directory / f"{mode}.err"
+        with open(self.stderr_path, "w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.failing_fit", mode, str(PG_TIMEOUT_S), "fork"], cwd=ROOT,
+                stdout=subprocess.DEVNULL, stderr=err,
+                # Distinct ports: two launches picking theirs at the same moment can collide.
+                env={**os.environ, "PYTHONPATH": str(ROOT), "MASTER_PORT": str(free_port())})
+        self.start = time.monotonic()
+        self.seconds = None
+        self.descendants = {}
+
+    def poll(self) -> bool:
+        """Record new descendants; return whether the main process has ended."""
+        try:
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                self.descendants.setdefault(child.pid, child)
+        except psutil.NoSuchProcess:
+            pass
+        if self.seconds is None and self.proc.poll() is not None:
+            self.seconds = time.monotonic() - self.start
+            self.end_time = time.time()
+        return self.seconds is not None
+
+    def seconds_after_failure(self) -> float:
+        """Seconds from the injected failure (stamped in stderr) to the end of the job."""
+        match = re.search(r"FailingGCN: failing \(\w+\) at ([0-9.]+)", self.stderr)
+        assert match, "the failure was never injected"
+        return self.end_time - float(match.group(1))
+
+    def survivors(self):
+        gone, alive = psutil.wait_procs(list(self.descendants.values()), timeout=5)
+        return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("failing_fit")
+    runs = {mode: _Launch(mode, directory) for mode in ("raise", "kill")}
+    deadline = time.monotonic() + 240  # start-up (imports) included
+    while not all([run.poll() for run in runs.values()]) and time.monotonic() < deadline:  # poll every run
+        time.sleep(0.1)
+    yield runs
+    for run in runs.values():  # never leave anything behind, even if a test failed
+        for p in [run.proc] + list(run.descendants.values()):
+            try:
+                psutil.Process(p.pid).kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def test_exception_on_one_rank_ends_every_rank(launches):
+    run = launches["raise"]
+    assert run.seconds is not None, "the job did not end"
+    assert run.proc.returncode != 0
+    assert "RuntimeError: injected failure in training_step" in run.stderr
+    assert "this error was raised on rank 1 (stage 1 of 2, layers [1])" in run.stderr
+    print(f"{run.proc.args[3]}: job ended {run.seconds_after_failure():.2f} s after the failure")
+    assert run.seconds_after_failure() < LIMIT_S
+    assert len(run.descendants) >= 2  # both spawned ranks were seen ...
+    assert run.survivors() == []  # ... and none outlives the job
+
+
+def test_sigkilled_rank_ends_every_rank(launches):
+    run = launches["kill"]
+    assert run.seconds is not None, "the job did not end"
+    assert run.proc.returncode != 0
+    assert "process 1 terminated with signal SIGKILL" in run.stderr
+    assert len(run.descendants) >= 2 and run.survivors() == []
+    print(f"{run.proc.args[3]}: job ended {run.seconds_after_failure():.2f} s after the failure")
+    assert run.seconds_after_failure() < LIMIT_S
+
+
+@pytest.fixture(scope="module")
+def small_dm():
+    return GraphChunkDataModule(sbm_graph(num_nodes=100), num_chunks=2)
+
+
+def test_exception_without_launcher(small_dm):
+    rank0, rank1 = run_world(2, failing_job, small_dm, "raise", PG_TIMEOUT_S, timeout=LIMIT_S)
+    assert rank1.exitcode == 1 and "this error was raised on rank 1 (stage 1 of 2" in rank1.error
+    assert rank0.exitcode == 1 and "stopped because another rank stopped answering" in rank0.error
+    assert rank0.seconds < LIMIT_S
+
+
+@pytest.mark.parametrize("signal_name", ["kill", "stop"])
+def test_lost_rank_without_launcher(small_dm, signal_name):
+    """SIGKILL closes the rank's connections (peers fail at once); SIGSTOP leaves them open (timeout)."""
+    # After the first rank ends, the other gets `linger` seconds: rank 0 needs its grace period
+    # after rank 1 was killed; a stopped rank 1 never ends by itself.
+    linger = PEER_FAILURE_GRACE_S + 5 if signal_name == "kill" else 0.5
+    rank0, rank1 = run_world(2, failing_job, small_dm, signal_name, PG_TIMEOUT_S, timeout=LIMIT_S, linger=linger)
+    assert rank1.exitcode in ((-9,) if signal_name == "kill" else (None,))  # killed / still hanging
+    assert rank0.exitcode == 1 and "stopped because another rank stopped answering" in rank0.error
+    if signal_name == "stop":
+        assert "Timed out" in rank0.error
+        assert rank0.seconds > PG_TIMEOUT_S
+    assert rank0.seconds < PG_TIMEOUT_S + PEER_FAILURE_GRACE_S + 20  # start-up and one epoch included
