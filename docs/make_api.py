@@ -1,0 +1,37 @@
+"""Write docs/api.md from the public docstrings: ``python docs/make_api.py``."""
+
+import inspect
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import lightning_gnnpipe as lg  # noqa: E402
+from lightning_gnnpipe.comm.accounting import CommStats  # noqa: E402
+from lightning_gnnpipe.comm.planner import estimate_layouts  # noqa: E402
+from lightning_gnnpipe.data.order import greedy_chunk_order, stale_read_stats  # noqa: E402
+from lightning_gnnpipe.nn.gcnii import GCNII  # noqa: E402
+from lightning_gnnpipe.strategy.graph_parallel import GraphParallelStrategy  # noqa: E402
+
+OBJECTS = [lg.GNNPipeStrategy, GraphParallelStrategy, lg.GraphChunkDataModule, lg.ChunkPlan, lg.build_chunk_plan,
+           lg.metis_partition, greedy_chunk_order, stale_read_stats, lg.find_layer_stack, lg.History, GCNII,
+           CommStats, estimate_layouts]
+
+
+def main() -> None:
+    lines = ["# API reference", "", "Generated from the docstrings by `python docs/make_api.py`.", ""]
+    for obj in OBJECTS:
+        target = obj.__init__ if inspect.isclass(obj) else obj
+        try:
+            sig = str(inspect.signature(target)).replace("(self, ", "(").replace("(self)", "()")
+        except (TypeError, ValueError):
+            sig = "(...)"
+        lines += [f"## `{obj.__module__}.{obj.__name__}`", "", "```python", f"{obj.__name__}{sig}", "```", "",
+                  inspect.getdoc(obj) or "", ""]
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "api.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
