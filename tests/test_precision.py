@@ -6,13 +6,14 @@ import os
 
 import pytest
 import torch
+from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision, Precision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule
+from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy
 from lightning_gnnpipe.strategy.precision import check_precision, global_norm_clipping
-from tests.helpers import MetricRecorder, fit, losses, read_metrics, sbm_graph
+from tests.helpers import GCNModule, MetricRecorder, fit, losses, read_metrics, sbm_graph
 from tests.precision_helpers import MetricGCN, ProgressBarRecorder, SGDGCN
 
 EPOCHS = 5
@@ -111,7 +112,7 @@ def test_tensorboard_insight_and_trace(bf16_run):
     assert sorted(os.listdir(tmp_path / "traces")) == [f"gnnpipe_epoch1_rank{r}.json" for r in range(2)]
 
 
-def test_precision_checks_and_wrapper():
+def test_precision_checks_and_wrapper(graph):
     check_precision(Precision())
     check_precision(MixedPrecision("bf16-mixed", "cpu"))
     with pytest.raises(ValueError, match=r"precision '16-mixed' is not supported \(got MixedPrecision\)"):
@@ -124,3 +125,9 @@ def test_precision_checks_and_wrapper():
     assert type(wrapped).__qualname__ == "MixedPrecision"  # checkpoints key plugin state by this name
     assert type(global_norm_clipping(wrapped)) is type(wrapped)
     check_precision(wrapped)
+    trainer = Trainer(accelerator="cpu", devices=2, strategy=GraphParallelStrategy(), precision="bf16-true",
+                      logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    with pytest.raises(ValueError, match=r"GraphParallelStrategy: precision 'bf16-true' is not supported"):
+        trainer.fit(GCNModule(F_IN, HIDDEN, LAYERS, CLASSES), datamodule=GraphChunkDataModule(graph, num_chunks=2))
+    with pytest.raises(ValueError, match=r"`profile_epoch` must be None or an int >= 0 epochs \(got -1\)"):
+        GNNPipeStrategy(profile_epoch=-1)

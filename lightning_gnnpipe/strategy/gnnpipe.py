@@ -93,8 +93,10 @@ class GNNPipeStrategy(ParallelStrategy):
         process_group_backend: ``"gloo"`` (CPU default) or ``"nccl"`` (GPU default).
 
     Raises:
-        ValueError: Unknown ``schedule`` or ``start_method`` (here); bad layouts before the
-            process group starts (see :func:`~lightning_gnnpipe.strategy.checks.check_layout`).
+        ValueError: Unknown ``schedule`` or ``start_method``, bad ``profile_epoch`` (here); bad
+            layouts or a precision other than ``"32-true"`` / ``"bf16-mixed"`` before the process group
+            starts (see :func:`~lightning_gnnpipe.strategy.checks.check_layout` and
+            :func:`~lightning_gnnpipe.strategy.precision.check_precision`).
     """
 
     strategy_name = "gnnpipe"
@@ -208,7 +210,7 @@ class GNNPipeStrategy(ParallelStrategy):
     def setup_environment(self) -> None:
         # Validate before the process group exists (also under torchrun, where no launcher runs).
         self.check(self.lightning_module.trainer)
-        check_precision(self.precision_plugin)
+        check_precision(self.precision_plugin, type(self).__name__)
         super().setup_environment()
         self._setup_distributed()
 

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 
-def check_precision(plugin: Precision) -> None:
+def check_precision(plugin: Precision, where: str = "GNNPipeStrategy") -> None:
     """Accept ``"32-true"`` and ``"bf16-mixed"``; refuse every other precision.
 
     Raises:
@@ -53,7 +53,7 @@ def check_precision(plugin: Precision) -> None:
     name = getattr(plugin, "precision", type(plugin).__name__)
     hint = " Its gradient scaler cannot reach the pipeline's backward." if name == "16-mixed" else ""
     raise ValueError(
-        f"GNNPipeStrategy: precision {name!r} is not supported (got {type(plugin).__name__}).{hint} "
+        f"{where}: precision {name!r} is not supported (got {type(plugin).__name__}).{hint} "
         "Use precision='bf16-mixed' or '32-true'."
     )
 
