@@ -48,6 +48,8 @@ def build_schedule(
     num_chunks: int,
     loss_fn: Optional[Callable],
     group=None,
+    in_dtype: torch.dtype = torch.float32,
+    out_dtype: torch.dtype = torch.float32,
 ) -> PipelineScheduleSingle:
     """Wrap ``module`` in a :class:`PipelineStage` with static shapes and build its schedule.
 
@@ -63,14 +65,18 @@ def build_schedule(
         num_chunks: ``K`` micro-batches per step.
         loss_fn: The last stage's loss (``None`` elsewhere).
         group: Process group of the pipeline (default: world).
+        in_dtype: Dtype of the tensors entering the stage (P2P receive buffers).
+        out_dtype: Dtype of the tensors leaving the stage (the module must return this dtype).
     """
     stage = PipelineStage(
         module,
         stage_index,
         num_stages,
         device,
-        input_args=tuple(torch.empty(rows, d, device=device, requires_grad=stage_index > 0) for d in in_channels),
-        output_args=tuple(torch.empty(rows, d, device=device, requires_grad=True) for d in out_channels),
+        input_args=tuple(torch.empty(rows, d, device=device, dtype=in_dtype, requires_grad=stage_index > 0)
+                         for d in in_channels),
+        output_args=tuple(torch.empty(rows, d, device=device, dtype=out_dtype, requires_grad=True)
+                          for d in out_channels),
         group=group,
     )
     return SCHEDULES[schedule](stage, n_microbatches=num_chunks, loss_fn=loss_fn, scale_grads=False)

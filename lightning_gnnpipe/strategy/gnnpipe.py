@@ -42,7 +42,9 @@ from lightning_gnnpipe.strategy.checkpoint import CHECKPOINT_KEY, gather_pipelin
 from lightning_gnnpipe.strategy.checks import CHUNK_LOSS_HOOK, check_layout, check_stage_widths
 from lightning_gnnpipe.strategy.failures import handle_rank_failure
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
+from lightning_gnnpipe.strategy.insight import PipelineInsight
 from lightning_gnnpipe.strategy.launcher import _CheckedMultiProcessingLauncher
+from lightning_gnnpipe.strategy.precision import BoundaryCast, autocast_dtype, check_precision, global_norm_clipping
 from lightning_gnnpipe.strategy.state import merged_optimizer_state, sync_stage_tensors, tensor_owners
 
 log = logging.getLogger(__name__)
@@ -90,6 +92,9 @@ class GNNPipeStrategy(ParallelStrategy):
         save_history: Also store every history table in checkpoints (``|V| x d_l`` floats per
             layer), so that a resumed run continues exactly like an uninterrupted one. See
             ``docs/reliability.md``.
+        profile_epoch: Record this epoch's training step with ``torch.profiler`` and write one
+            Chrome trace per rank (see :class:`~lightning_gnnpipe.strategy.insight.PipelineInsight`).
+        trace_dir: Directory of those traces (default: ``traces/`` in the run directory).
         timeout: Timeout of every collective (seconds as ``timedelta``); a rank that stops
             answering ends the job after this long. Default 600 s.
         start_method: ``"spawn"`` (default) or ``"popen"``; under torchrun/SLURM the processes
@@ -97,11 +102,14 @@ class GNNPipeStrategy(ParallelStrategy):
         process_group_backend: ``"gloo"`` (CPU default) or ``"nccl"`` (GPU default).
 
     Raises:
-        ValueError: Unknown ``schedule``, ``balance`` or ``start_method`` (here); bad layouts before the
-            process group starts (see :func:`~lightning_gnnpipe.strategy.checks.check_layout`).
+        ValueError: Unknown ``schedule``, ``balance`` or ``start_method``, bad ``profile_epoch`` (here); bad
+            layouts or a precision other than ``"32-true"`` / ``"bf16-mixed"`` before the process group
+            starts (see :func:`~lightning_gnnpipe.strategy.checks.check_layout` and
+            :func:`~lightning_gnnpipe.strategy.precision.check_precision`).
     """
 
     strategy_name = "gnnpipe"
+    _sharded_gradients = True  # each rank holds only its stage's gradients
 
     def __init__(
         self,
@@ -113,6 +121,8 @@ class GNNPipeStrategy(ParallelStrategy):
         log_staleness: bool = True,
         balance: str = "count",
         save_history: bool = False,
+        profile_epoch: Optional[int] = None,
+        trace_dir: Optional[str] = None,
         timeout: timedelta = timedelta(seconds=600),
         start_method: Literal["spawn", "popen"] = "spawn",
         process_group_backend: Optional[str] = None,
@@ -148,6 +158,7 @@ class GNNPipeStrategy(ParallelStrategy):
         self.halo_gradients = halo_gradients
         self.log_staleness = log_staleness
         self.balance = check_balance(balance)
+        self.insight = PipelineInsight(profile_epoch, trace_dir)  # epoch time, memory, bubble, traces
         self._timeout = timeout
         self._start_method = start_method
         self._process_group_backend = process_group_backend
@@ -214,6 +225,7 @@ class GNNPipeStrategy(ParallelStrategy):
     def setup_environment(self) -> None:
         # Validate before the process group exists (also under torchrun, where no launcher runs).
         self.check(self.lightning_module.trainer)
+        check_precision(self.precision_plugin, type(self).__name__)
         super().setup_environment()
         self._setup_distributed()
 
@@ -268,6 +280,10 @@ class GNNPipeStrategy(ParallelStrategy):
         self._build(trainer)
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
+            if self.insight not in trainer.callbacks:
+                trainer.callbacks.append(self.insight)
+        if self._sharded_gradients:  # clip by the norm over all stages (strategy/precision.py)
+            self.precision_plugin = global_norm_clipping(self.precision_plugin, device=self.root_device)
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
@@ -279,6 +295,8 @@ class GNNPipeStrategy(ParallelStrategy):
         self._check_same_plan(dm.plan)
         x = dm.data.x.to(self.root_device)
         self._dims = infer_dims(stack.blocks, x[:2])
+        # Stage activations travel in the autocast dtype, if any (strategy/precision.py).
+        self._data_dtype, self._boundary_dtype = x.dtype, autocast_dtype(self.precision_plugin) or x.dtype
         return stack, dm.plan, dm.data, x
 
     def _build(self, trainer: Trainer) -> None:
@@ -303,11 +321,16 @@ class GNNPipeStrategy(ParallelStrategy):
         if trainer.state.fn == TrainerFn.FITTING:
             mode = "deferred" if self.schedule_name == "gpipe" else "chunk"
             self._loss = PipelineLoss(graph, plan.num_nodes, mode) if self.is_last_stage else None
+            in_dtype = self._data_dtype if self.stage_index == 0 else self._boundary_dtype
+            out_dtype = self._data_dtype if self.is_last_stage else self._boundary_dtype
+            module = self._stage if self._boundary_dtype == self._data_dtype else \
+                BoundaryCast(self._stage, self._data_dtype, out_dtype)
             self._schedule = build_schedule(
-                self._stage, self.stage_index, self.num_stages, device, plan.max_chunk_size,
+                module, self.stage_index, self.num_stages, device, plan.max_chunk_size,
                 self._stage.input_widths, self._stage.output_widths, self.schedule_name, plan.num_chunks,
                 # Every rank must pass a loss_fn: the schedules run backwards only when one is set.
                 self._loss if self._loss is not None else _not_last_stage,
+                in_dtype=in_dtype, out_dtype=out_dtype,
             )
             self._recorder = PipelineRecorder(self._schedule, self.comm_stats)
 
@@ -330,16 +353,17 @@ class GNNPipeStrategy(ParallelStrategy):
         if s == 0:
             inputs = [self._stage.x]
         else:
-            inputs = [torch.empty(n, d, device=device) for d in self._stage.input_widths]
+            inputs = [torch.empty(n, d, device=device, dtype=self._boundary_dtype) for d in self._stage.input_widths]
             for t in inputs:
                 dist.recv(t, src=s - 1)
+            inputs = [t.to(self._data_dtype) for t in inputs]
         outputs = self._stage.forward_full(*inputs, write_history=write_history, drift=drift)
-        outputs = [t.contiguous() for t in (outputs if isinstance(outputs, tuple) else (outputs,))]
-        h = outputs[0]
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        h = outputs[0].to(self._data_dtype)
         if not self.is_last_stage:
             for t in outputs:
-                dist.send(t, dst=s + 1)
-            h = torch.empty(n, self._dims[-1], device=device, dtype=h.dtype)
+                dist.send(t.to(self._boundary_dtype).contiguous(), dst=s + 1)
+            h = torch.empty(n, self._dims[-1], device=device, dtype=self._data_dtype)
         dist.broadcast(h, src=self.num_stages - 1)
         return h
 
@@ -410,7 +434,8 @@ class GNNPipeStrategy(ParallelStrategy):
             if self.is_last_stage:
                 logits = self._loss.logits()
             else:
-                logits = torch.empty(self._num_nodes_graph, self._dims[-1], device=self.root_device)
+                logits = torch.empty(self._num_nodes_graph, self._dims[-1], device=self.root_device,
+                                     dtype=self._data_dtype)
             dist.broadcast(logits, src=self.num_stages - 1)
             self._recorder.end()
             self.comm_stats.record_broadcast("logits", logits, self.num_stages - 1, self.stage_index, self.num_stages)

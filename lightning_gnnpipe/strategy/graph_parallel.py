@@ -94,6 +94,7 @@ class GraphParallelStrategy(GNNPipeStrategy):
     """
 
     strategy_name = "graph_parallel"
+    _sharded_gradients = False  # gradients are all-reduced: the local norm is the global norm
 
     def __init__(
         self,

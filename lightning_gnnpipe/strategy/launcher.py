@@ -7,6 +7,8 @@ from typing import Any, Callable, Optional
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
 
+from lightning_gnnpipe.strategy.precision import check_precision
+
 
 class _CheckedMultiProcessingLauncher(_MultiProcessingLauncher):
     """Validate the model and DataModule before any worker (and process group) starts.
@@ -22,6 +24,7 @@ class _CheckedMultiProcessingLauncher(_MultiProcessingLauncher):
         datamodule = next((a for a in args if isinstance(a, LightningDataModule)), None)
         if trainer is not None and module is not None:
             self._strategy.check(trainer, module=module, datamodule=datamodule)
+            check_precision(self._strategy.precision_plugin, type(self._strategy).__name__)
         if trainer is not None:
             # Pin each logger's version here, once, so that fit and a later test of the same
             # Trainer write into one run directory instead of each worker picking the next one.
