@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from datetime import timedelta
 from typing import Any, Dict, List, Literal, Mapping, Optional, Union
 
@@ -226,6 +227,9 @@ class GNNPipeStrategy(ParallelStrategy):
         # Validate before the process group exists (also under torchrun, where no launcher runs).
         self.check(self.lightning_module.trainer)
         check_precision(self.precision_plugin, type(self).__name__)
+        # Every rank logs identical values (the full-graph output is broadcast), so Lightning's advice
+        # to add `sync_dist=True` to epoch-level logs does not apply here.
+        warnings.filterwarnings("ignore", message=r".*when logging on epoch level in distributed setting.*")
         super().setup_environment()
         self._setup_distributed()
 
