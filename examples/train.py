@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule  # noqa: E402
 from lightning_gnnpipe.datasets import load_planetoid  # noqa: E402
+from lightning_gnnpipe.nn.stack import BlockStack  # noqa: E402
 
 
 class InputBlock(nn.Module):
@@ -60,24 +61,15 @@ class OutputBlock(nn.Module):
         return self.conv(F.dropout(F.relu(self.norm(x)), self.dropout, self.training), edge_index)
 
 
-class DeepResGCN(nn.Module):
+class DeepResGCN(BlockStack):
     """``num_layers`` GCN layers with residual connections, declared as pipeline blocks."""
 
     def __init__(self, in_channels: int, hidden: int, out_channels: int, num_layers: int, dropout: float) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(
+        super().__init__(
             [InputBlock(in_channels, hidden, dropout)]
             + [ResidualBlock(hidden, dropout) for _ in range(num_layers - 2)]
             + [OutputBlock(hidden, out_channels, dropout)]
         )
-
-    def pipeline_blocks(self):
-        return self.blocks
-
-    def forward(self, x, edge_index):
-        for block in self.blocks:
-            x = block(x, edge_index)
-        return x
 
 
 class NodeClassifier(LightningModule):

@@ -9,7 +9,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_gnnpipe.data import ChunkPlan, GraphChunkDataModule, build_chunk_plan, metis_partition
 from lightning_gnnpipe.history.history import History
-from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack
+from lightning_gnnpipe.nn.stack import BlockStack, LayerStack, find_layer_stack
 from lightning_gnnpipe.pipeline.schedule import SCHEDULES
 from lightning_gnnpipe.comm.accounting import CommStats
 from lightning_gnnpipe.strategy.gnnpipe import GNNPipeStrategy
@@ -27,6 +27,7 @@ __all__ = [
     "LayerStack",
     "SCHEDULES",
     "build_chunk_plan",
+    "BlockStack",
     "find_layer_stack",
     "metis_partition",
 ]

@@ -16,7 +16,7 @@ from torch_geometric.nn import DeepGCNLayer, GCNConv
 from torch_geometric.nn.models import GCN
 from torch_geometric.utils import stochastic_blockmodel_graph
 
-from lightning_gnnpipe.nn.stack import NodeWise
+from lightning_gnnpipe.nn.stack import BlockStack, NodeWise
 
 
 @pytest.fixture()
@@ -98,7 +98,7 @@ class GNNModule(GCNModule):
         self.gnn = model
 
 
-class ResGCN(nn.Module):
+class ResGCN(BlockStack):
     """Residual GCN with LayerNorm and dropout (DeepGCN 'res+' layers), declared as pipeline blocks.
 
     Blocks: a node-wise input ``Linear``, ``num_layers`` ``DeepGCNLayer(GCNConv)`` and a
@@ -107,19 +107,10 @@ class ResGCN(nn.Module):
 
     def __init__(self, in_channels: int, hidden: int, num_layers: int, out_channels: int,
                  dropout: float = 0.0) -> None:
-        super().__init__()
         layers = [DeepGCNLayer(GCNConv(hidden, hidden), nn.LayerNorm(hidden), nn.ReLU(), block="res+",
                                dropout=dropout) for _ in range(num_layers)]
-        self.blocks = nn.ModuleList([NodeWise(nn.Linear(in_channels, hidden))] + layers
-                                    + [NodeWise(nn.Linear(hidden, out_channels))])
-
-    def pipeline_blocks(self):
-        return self.blocks
-
-    def forward(self, x, edge_index):
-        for block in self.blocks:
-            x = block(x, edge_index)
-        return x
+        super().__init__([NodeWise(nn.Linear(in_channels, hidden))] + layers
+                         + [NodeWise(nn.Linear(hidden, out_channels))])
 
 
 class MetricRecorder(Callback):

@@ -138,6 +138,32 @@ def find_layer_stack(module: nn.Module) -> LayerStack:
     return LayerStack(gnns[0], _blocks_of_basic_gnn(gnns[0]))
 
 
+class BlockStack(nn.Module):
+    """A model made of layer blocks applied in order, declared to the pipeline.
+
+    Subclass it (or use it directly) to get both halves of the ``pipeline_blocks()`` protocol:
+    ``forward(x, edge_index)`` applies ``blocks`` in order, and ``pipeline_blocks()`` returns them.
+
+    Args:
+        blocks: Modules called ``block(x, edge_index)``, in order.
+
+    Shapes:
+        ``forward``: ``x`` ``(|V|, F)``, ``edge_index`` ``(2, |E|)`` -> ``(|V|, C)``.
+    """
+
+    def __init__(self, blocks: List[nn.Module]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def pipeline_blocks(self) -> nn.ModuleList:
+        return self.blocks
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        for block in self.blocks:
+            x = block(x, edge_index)
+        return x
+
+
 def takes_x0(block: nn.Module) -> bool:
     """Return whether a block is called ``block(x, edge_index, x0)`` with the initial embedding.
 
