@@ -122,6 +122,8 @@ def test_strategy_checks_run_the_norm_checks(graph):
 FITS = {
     "gat_concat4": (lambda d: GAT(F_IN, 32, 3, C, heads=4), dict(balance="time")),
     "pna": (pna, {}),
+    "sage": (lambda d: GraphSAGE(F_IN, 32, 3, C), {}),
+    "gin": (lambda d: GIN(F_IN, 32, 3, C), {}),
     "resgcn_dropout": (lambda d: ResGCN(F_IN, 32, 4, C, dropout=0.3), {}),
 }
 
