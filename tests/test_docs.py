@@ -48,3 +48,15 @@ def test_custom_model_example_trains(tmp_path):
     acc = float(re.search(r"test accuracy: ([0-9.]+)", run.stdout).group(1))
     print(f"custom_gnn.py: test accuracy {acc:.4f}")
     assert acc > 0.6, run.stdout
+
+
+def test_quickstart_runs_as_written(tmp_path):
+    code = python_blocks("quickstart.md")[0]
+    assert "max_epochs=100" in code
+    script = tmp_path / "quickstart.py"
+    script.write_text(code.replace("max_epochs=100)", "max_epochs=2, logger=False, enable_checkpointing=False)"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "stage -> layers [[0, 1, 2, 3], [4, 5, 6, 7]]" in run.stdout + run.stderr
