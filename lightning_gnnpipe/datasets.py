@@ -110,13 +110,8 @@ def load_actor(split: int = 0, cache: Optional[str] = None) -> Data:
     """
     from torch_geometric.datasets import Actor
 
-    raw = DATA_ROOT / "Actor" / "raw"
-    if not raw.is_dir():
-        raise FileNotFoundError(f"load_actor: no raw files at {raw}. Run from a clone or set $GNNPIPE_DATA.")
-    cache_dir = Path(cache or os.path.join(tempfile.gettempdir(), "lightning_gnnpipe_data")) / "Actor"
-    if not (cache_dir / "raw").is_dir():
-        shutil.copytree(raw, cache_dir / "raw", dirs_exist_ok=True)
-    data = Actor(str(cache_dir))[0]
+    # Actor's raw files sit in <root>/Actor/raw (no per-name folder), which `_cached_root("", "Actor")` copies.
+    data = Actor(str(_cached_root("", "Actor", cache) / "Actor"))[0]
     for key in ("train_mask", "val_mask", "test_mask"):
         data[key] = data[key][:, split]
     return data
