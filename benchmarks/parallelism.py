@@ -9,7 +9,8 @@ the GNNPipe / graph-parallel ratios. Not a test: run it by hand, e.g.
 
 Every run is a real ``Trainer.fit`` of a PyG ``GCN`` (hidden 128 by default, Adam, one
 full-graph step per epoch, no validation). Graph parallelism uses ``G = procs`` METIS parts;
-GNNPipe uses ``S = procs`` stages and ``K = chunks_per_stage * S`` chunks. The threads of the
+GNNPipe uses ``S = procs`` stages and ``K = chunks_per_stage * S`` chunks; hybrid uses ``G = 2`` partitions x
+``S = procs / 2`` stages and ``K = chunks_per_stage * S * G`` chunks (4 processes and more). The threads of the
 machine are split evenly between the processes (``torch.set_num_threads``).
 """
 
@@ -24,7 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 import torch
 import torch.nn.functional as F
@@ -37,11 +38,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy  # noqa: E402
 from lightning_gnnpipe.comm.accounting import KINDS  # noqa: E402
-from lightning_gnnpipe.comm.volume import graph_parallel_volume, pipeline_volume  # noqa: E402
+from lightning_gnnpipe import find_layer_stack  # noqa: E402
+from lightning_gnnpipe.comm.volume import graph_parallel_volume, hybrid_volume, pipeline_volume  # noqa: E402
+from lightning_gnnpipe.data.partition import nested_partition  # noqa: E402
+from lightning_gnnpipe.pipeline.split import split_layers  # noqa: E402
 from lightning_gnnpipe.data.chunk import build_chunk_plan  # noqa: E402
 from tests.helpers import GCNModule  # noqa: E402  (an ordinary PyG LightningModule, as a user writes it)
 
 CORES = os.cpu_count() or 1
+HYBRID_PARTS = 2  # G of the hybrid mode
 
 
 def sbm(num_nodes: int = 200_000, num_blocks: int = 20, avg_degree: int = 10, num_features: int = 128,
@@ -121,9 +126,12 @@ class Probe(Callback):
 def run(data: Data, mode: str, procs: int, layers: int, hidden: int, epochs: int, chunks_per_stage: int) -> dict:
     """Fit ``epochs`` epochs in one mode and summarise the measurements."""
     devices = 1 if mode == "single" else procs
-    chunks = {"single": 1, "graph_parallel": procs, "gnnpipe": chunks_per_stage * procs}[mode]
-    dm = GraphChunkDataModule(data, num_chunks=chunks)
-    strategy = {"single": "auto", "graph_parallel": GraphParallelStrategy(), "gnnpipe": GNNPipeStrategy()}[mode]
+    parts = HYBRID_PARTS if mode == "hybrid" else 1
+    chunks = {"single": 1, "graph_parallel": procs, "gnnpipe": chunks_per_stage * procs,
+              "hybrid": chunks_per_stage * procs}[mode]
+    dm = GraphChunkDataModule(data, num_chunks=chunks, num_parts=parts)
+    strategy = {"single": "auto", "graph_parallel": GraphParallelStrategy(), "gnnpipe": GNNPipeStrategy(),
+                "hybrid": GNNPipeStrategy(graph_parallel_size=parts)}[mode]
     directory = tempfile.mkdtemp(prefix="gnnpipe-bench-")
     module = GCNModule(data.num_features, hidden, layers, int(data.y.max()) + 1)
     trainer = Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=epochs, logger=False,
@@ -143,9 +151,13 @@ def run(data: Data, mode: str, procs: int, layers: int, hidden: int, epochs: int
             out[key] = [statistics.median(e[f"comm/{key}/rank{r}"] for e in timed) for r in range(devices)]
         dims = [data.num_features] + [hidden] * (layers - 1) + [int(data.y.max()) + 1]
         params = sum(p.numel() for p in module.parameters())
-        if mode == "gnnpipe":
-            out["analytic"] = pipeline_volume(dm.plan, dims, procs)
-            out["minimum"] = sum(pipeline_volume(dm.plan, dims, procs, minimum=True).values())
+        if mode in ("gnnpipe", "hybrid"):
+            stages = procs // parts
+            blocks = find_layer_stack(module).blocks
+            flat = [sum(p.numel() + 1 for i in st for p in blocks[i].parameters()) for st in split_layers(layers, stages)]
+            out["analytic"] = hybrid_volume(dm.plan, dims, stages, parts, [True] * layers, flat)
+            out["minimum"] = sum(hybrid_volume(dm.plan, dims, stages, parts, [True] * layers, flat,
+                                               minimum=True).values())
         else:
             out["analytic"] = graph_parallel_volume(dm.plan, dims, [True] * layers, params,
                                                     len(list(module.parameters())))
@@ -161,13 +173,23 @@ def analytic_rows(data: Data, name: str, procs: List[int], layers: List[int], hi
     for p in procs:
         parts = build_chunk_plan(data.edge_index, data.num_nodes, p)
         chunks = build_chunk_plan(data.edge_index, data.num_nodes, chunks_per_stage * p)
+        nested = None
+        if p >= 2 * HYBRID_PARTS:
+            k = chunks_per_stage * p
+            nested = build_chunk_plan(data.edge_index, data.num_nodes, k, part=nested_partition(
+                data.edge_index, data.num_nodes, HYBRID_PARTS, k // HYBRID_PARTS))
         for L in layers:
             dims = [data.num_features] + [hidden] * (L - 1) + [classes]
             params = sum(x.numel() for x in GCN(data.num_features, hidden, L, classes).parameters())
             gp = sum(graph_parallel_volume(parts, dims, [True] * L, params, 2 * L).values())
             pipe = sum(pipeline_volume(chunks, dims, p).values())
-            rows.append({"dataset": name, "procs": p, "layers": L, "halo": sum(int(h.numel()) for h in parts.halo),
-                         "gp_bytes": gp, "pipe_bytes": pipe, "ratio": gp / pipe})
+            row = {"dataset": name, "procs": p, "layers": L, "halo": sum(int(h.numel()) for h in parts.halo),
+                   "gp_bytes": gp, "pipe_bytes": pipe, "ratio": gp / pipe}
+            if nested is not None:
+                s = p // HYBRID_PARTS
+                row["hybrid_bytes"] = sum(hybrid_volume(nested, dims, s, HYBRID_PARTS, [True] * L,
+                                                        [(params + 2 * L) // s] * s).values())
+            rows.append(row)
     return rows
 
 
@@ -178,11 +200,12 @@ def mib(b: float) -> str:
 def print_tables(analytic: List[dict], measured: List[dict]) -> None:
     if analytic:
         print("\n### Bytes per epoch from the formulas (all ranks, MiB)\n")
-        print("| dataset | procs | L | halo H | graph-parallel | GNNPipe | GP/GNNPipe |")
-        print("|---|---|---|---|---|---|---|")
+        print("| dataset | procs | L | halo H | graph-parallel | GNNPipe | hybrid 2 x P/2 | GP/GNNPipe |")
+        print("|---|---|---|---|---|---|---|---|")
         for r in analytic:
+            hyb = mib(r["hybrid_bytes"]) if "hybrid_bytes" in r else "-"
             print(f"| {r['dataset']} | {r['procs']} | {r['layers']} | {r['halo']:,} | {mib(r['gp_bytes'])} | "
-                  f"{mib(r['pipe_bytes'])} | {r['ratio']:.2f} |")
+                  f"{mib(r['pipe_bytes'])} | {hyb} | {r['ratio']:.2f} |")
     if measured:
         print("\n### Measured runs\n")
         print("| dataset | mode | procs | K | L | epoch s | sent MiB | analytic MiB | meas/min | wait s (max rank) "
@@ -259,7 +282,7 @@ def print_plans(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--datasets", nargs="+", default=["cora"])
-    parser.add_argument("--modes", nargs="+", default=["single", "graph_parallel", "gnnpipe"])
+    parser.add_argument("--modes", nargs="+", default=["single", "graph_parallel", "gnnpipe", "hybrid"])
     parser.add_argument("--layers", nargs="+", type=int, default=[4, 8, 16, 32])
     parser.add_argument("--procs", nargs="+", type=int, default=[2])
     parser.add_argument("--hidden", type=int, default=128)
@@ -290,7 +313,9 @@ def main() -> None:
         for L in args.layers:
             for mode in args.modes:
                 for p in ([1] if mode == "single" else args.procs):
-                    for cps in (args.chunks_per_stage if mode == "gnnpipe" else [1]):
+                    if mode == "hybrid" and p < 2 * HYBRID_PARTS:
+                        continue  # needs S >= 2 and G = 2
+                    for cps in (args.chunks_per_stage if mode in ("gnnpipe", "hybrid") else [1]):
                         res = run(data, mode, p, L, args.hidden, args.epochs, cps)
                         res["dataset"] = name
                         measured.append(res)

@@ -36,11 +36,15 @@ def exact_inputs(layers: List[Callable], data: Data) -> List[torch.Tensor]:
 
 def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_on_start: bool = True,
                       refresh_every: int = 0, momentum: float = 0.0, stale_halo_grads: bool = False,
-                      layers: Optional[List[Callable]] = None) -> List[float]:
+                      layers: Optional[List[Callable]] = None, num_parts: int = 1) -> List[float]:
     """Train ``module`` (a ``GCNModule``) with the chunked algorithm in one process.
 
     ``layers`` are the model's layers as ``layer(x, edge_index)`` callables (default: the
     layers of the PyG ``GCN`` at ``module.gnn``).
+
+    ``num_parts = G > 1`` runs hybrid parallelism's rule: chunk ``j * G + g`` is partition ``g``'s
+    ``j``-th chunk, the ``G`` chunks of slot ``j`` go through each layer together and read each
+    other's rows live (with gradient); other rows come from the tables (fresh if written earlier).
 
     Returns the full-graph training loss of every epoch (as the user's ``training_step``
     computes it from the chunked output).
@@ -60,26 +64,30 @@ def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_
             tables = exact_inputs(layers, data)
         applied, collected = collected, [torch.zeros_like(t) for t in tables]
         opt.zero_grad()
-        outs = []
-        for c in range(plan.num_chunks):
-            nodes = plan.nodes[c]
-            h = data.x[nodes]
+        outs, order = [], []
+        for slot in range(plan.num_chunks // num_parts):
+            chunks = list(range(slot * num_parts, (slot + 1) * num_parts))
+            nodes = [plan.nodes[c] for c in chunks]
+            hs = [data.x[n] for n in nodes]
             for layer in range(L):
                 if layer > 0:
                     with torch.no_grad():
-                        tables[layer][nodes] = momentum * tables[layer][nodes] + (1 - momentum) * h
+                        for n, h in zip(nodes, hs):
+                            tables[layer][n] = momentum * tables[layer][n] + (1 - momentum) * h
                 table = tables[layer].clone()
                 if stale_halo_grads and layer > 0:
                     table.requires_grad_(True)
                     table.register_hook(lambda g, layer=layer: collected[layer].add_(g))
-                    h = h + 0
-                    h.register_hook(lambda g, extra=applied[layer][nodes]: g + extra)
-                mixed = table.index_put((nodes,), h)  # the chunk's rows carry its gradient
-                h = layers[layer](mixed, data.edge_index)[nodes]
-            outs.append(h)
-        full = torch.zeros(N, outs[0].size(-1)).index_put(
-            (torch.cat(list(plan.nodes)),), torch.cat(outs)
-        )
+                    hs = [h + 0 for h in hs]
+                    for n, h in zip(nodes, hs):
+                        h.register_hook(lambda g, extra=applied[layer][n]: g + extra)
+                # the slot's rows carry their gradient (in hybrid parallelism across partitions too)
+                mixed = table.index_put((torch.cat(nodes),), torch.cat(hs))
+                out = layers[layer](mixed, data.edge_index)
+                hs = [out[n] for n in nodes]
+            outs += hs
+            order += nodes
+        full = torch.zeros(N, outs[0].size(-1)).index_put((torch.cat(order),), torch.cat(outs))
         loss = F.cross_entropy(full[data.train_mask], data.y[data.train_mask])
         loss.backward()
         opt.step()

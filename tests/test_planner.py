@@ -47,3 +47,17 @@ def test_measure_layer_seconds(graph):
     times = measure_layer_seconds(blocks, graph.x, graph.edge_index, repeats=2)
     assert len(times) == 3 and all(t > 0 for t in times)
     assert all(p.grad is None for p in gnn.parameters())
+
+
+def test_hybrid_layouts_are_estimated(graph):
+    from lightning_gnnpipe.comm.volume import hybrid_volume
+    from lightning_gnnpipe.data.partition import nested_partition
+
+    dims = [16] + [64] * 8
+    est = estimate_layouts(graph.edge_index, 400, dims, [0.01] * 8, 4, bandwidth=1e8, chunks_per_stage=(2,))
+    assert {(e.mode, e.stages, e.graph_parallel) for e in est} == {
+        ("gnnpipe", 4, 1), ("graph_parallel", 1, 4), ("hybrid", 2, 2)}
+    hybrid = next(e for e in est if e.mode == "hybrid")
+    plan = build_chunk_plan(graph.edge_index, 400, 8, part=nested_partition(graph.edge_index, 400, 2, 4))
+    assert hybrid.chunks == 8
+    assert hybrid.bytes_per_epoch == sum(hybrid_volume(plan, dims, 2, 2, [True] * 8, [0, 0]).values())

@@ -5,7 +5,8 @@ Sec. 2): each of ``G`` ranks owns one part of a METIS partition. Before every me
 layer, rank ``r`` needs the current embeddings of its halo (the out-of-part in-neighbours of its
 nodes); their owners send them with one ``all_to_all_single``. In the backward pass the
 gradients of those halo rows travel the other way and are added to the owners' rows.
-Both directions run inside one :class:`torch.autograd.Function`, so the user's loss drives them.
+Both directions run inside one :class:`torch.autograd.Function` (:class:`RowExchange`), so the user's
+loss drives them.
 """
 
 from __future__ import annotations
@@ -43,6 +44,21 @@ class HaloPlan:
     def halo_size(self) -> int:
         return int(self.recv_pos.numel())
 
+    # backward of RowExchange: every received row's gradient goes back to the rows that were sent
+    back_sel = None
+
+    @property
+    def back_counts(self) -> List[int]:
+        return self.recv_counts
+
+    @property
+    def back_index(self) -> Tensor:
+        return self.send_index
+
+    @property
+    def back_recv_counts(self) -> List[int]:
+        return self.send_counts
+
     def to(self, device: torch.device) -> "HaloPlan":
         return HaloPlan(self.send_index.to(device), self.send_counts, self.recv_counts, self.recv_pos.to(device))
 
@@ -70,29 +86,42 @@ def build_halo_plan(plan: ChunkPlan, rank: int) -> HaloPlan:
     return HaloPlan(torch.cat(send), send_counts, recv_counts, torch.cat(recv_pos))
 
 
-class HaloExchange(torch.autograd.Function):
-    """``halo_rows = exchange(inner_rows)``; backward adds the halo gradients at their owners.
+class RowExchange(torch.autograd.Function):
+    """``received = exchange(h)`` over ``all_to_all_single``; backward sends received rows' gradients back.
+
+    ``plan`` provides ``send_index``/``send_counts`` (rows of ``h`` to send, grouped by destination),
+    ``recv_counts``, and for the backward ``back_sel`` (received rows whose gradient goes back, ``None`` for
+    all), ``back_counts`` (per source rank), ``back_index`` and ``back_recv_counts`` (rows of ``h`` that get
+    gradients back, grouped by rank). Used by :class:`HaloPlan` (graph parallelism) and
+    :class:`~lightning_gnnpipe.comm.slot_exchange.SlotPlan` (hybrid).
 
     Shapes:
-        forward: ``h`` ``(n_r, d)`` -> ``(|halo_r|, d)``.
+        forward: ``h`` ``(n, d)`` -> ``(sum(recv_counts), d)``.
     """
 
     @staticmethod
-    def forward(ctx, h: Tensor, plan: HaloPlan, stats: Optional[CommStats], group=None) -> Tensor:  # type: ignore[override]
+    def forward(ctx, h: Tensor, plan, stats: Optional[CommStats], group=None) -> Tensor:  # type: ignore[override]
         ctx.plan, ctx.stats, ctx.group, ctx.rows = plan, stats, group, h.size(0)
         send = h.index_select(0, plan.send_index).contiguous()
-        recv = _exchange(send, plan.recv_counts, plan.send_counts, stats, "halo_embeddings", group)
-        out = h.new_empty(plan.halo_size, h.size(1))
-        out[plan.recv_pos] = recv
-        return out
+        return _exchange(send, plan.recv_counts, plan.send_counts, stats, "halo_embeddings", group)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        plan: HaloPlan = ctx.plan
-        g_back = grad.index_select(0, plan.recv_pos).contiguous()
-        g_sent = _exchange(g_back, plan.send_counts, plan.recv_counts, ctx.stats, "halo_gradients", ctx.group)
-        out = grad.new_zeros(ctx.rows, grad.size(1)).index_add_(0, plan.send_index, g_sent)
+        plan = ctx.plan
+        back = grad if plan.back_sel is None else grad.index_select(0, plan.back_sel)
+        got = _exchange(back.contiguous(), plan.back_recv_counts, plan.back_counts, ctx.stats, "halo_gradients",
+                        ctx.group)
+        out = grad.new_zeros(ctx.rows, grad.size(1)).index_add_(0, plan.back_index, got)
         return out, None, None, None
+
+
+def exchange_halo(h: Tensor, plan: HaloPlan, stats: Optional[CommStats], group=None) -> Tensor:
+    """Graph parallelism: the halo rows ``(|halo_r|, d)`` of this part from its inner rows ``h`` ``(n_r, d)``.
+
+    Autograd-aware: in the backward pass the halo gradients are added to their owners' rows.
+    """
+    recv = RowExchange.apply(h, plan, stats, group)
+    return recv.new_empty(plan.halo_size, h.size(1)).index_put((plan.recv_pos,), recv)
 
 
 def _exchange(send: Tensor, recv_counts: List[int], send_counts: List[int], stats: Optional[CommStats],

@@ -8,9 +8,10 @@ A cost model, not a measurement: per-epoch time = compute + communication, where
   fill and drain bubble, Huang et al., arXiv 1811.06965);
 * communication is the analytic byte count of :mod:`lightning_gnnpipe.comm.volume` divided by a
   measured or assumed point-to-point bandwidth (bytes per second), each rank sending its share in
-  parallel, with no overlap of communication and compute (a conservative bound).
-
-Hybrid layouts (``S > 1`` and ``G > 1``) are not implemented by the strategies and are not planned.
+  parallel, with no overlap of communication and compute (a conservative bound);
+* hybrid (``S`` stages x ``G`` partitions, ``S G = P``) runs each pipeline on its partition's
+  ``K / G`` chunks, so its compute is the busiest partition's rows through the slowest stage with
+  ``(K/G + S - 1) / (K/G)`` for the bubble.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from lightning_gnnpipe.comm.volume import graph_parallel_volume, pipeline_volume
+from lightning_gnnpipe.comm.volume import graph_parallel_volume, hybrid_volume, pipeline_volume
 from lightning_gnnpipe.data.chunk import ChunkPlan, build_chunk_plan
+from lightning_gnnpipe.data.partition import nested_partition
 from lightning_gnnpipe.pipeline.split import split_layers
 
 
@@ -32,7 +34,7 @@ class LayoutEstimate:
     """Estimated cost of one layout.
 
     Attributes:
-        mode: ``"gnnpipe"`` or ``"graph_parallel"``.
+        mode: ``"gnnpipe"``, ``"graph_parallel"`` or ``"hybrid"``.
         stages: ``S``. graph_parallel: ``G``. chunks: ``K`` (``G`` for graph parallelism).
         bytes_per_epoch: Bytes sent per epoch, all ranks together.
         compute_seconds: Slowest rank's compute per epoch, bubble included (seconds).
@@ -71,7 +73,7 @@ def estimate_layouts(
     num_param_tensors: int = 0,
     plan_fn: Callable[[Tensor, int, int], ChunkPlan] = build_chunk_plan,
 ) -> List[LayoutEstimate]:
-    """Estimate GNNPipe (``S = P``, several ``K``) and graph parallelism (``G = P``) on ``P`` processes.
+    """Estimate GNNPipe (``S = P``), graph parallelism (``G = P``) and hybrid (``S G = P``) on ``P`` processes.
 
     Args:
         edge_index: Edges ``(2, |E|)``.
@@ -80,7 +82,7 @@ def estimate_layouts(
         layer_seconds: Full-graph forward+backward time of each layer on one process (seconds).
         num_processes: ``P``.
         bandwidth: Point-to-point bandwidth (bytes per second).
-        chunks_per_stage: GNNPipe candidates ``K = k * S``.
+        chunks_per_stage: GNNPipe candidates ``K = k * S`` (hybrid: ``K = k * S * G``).
         num_params, num_param_tensors: Trainable values and tensors (graph parallelism's all-reduce).
 
     Returns:
@@ -111,7 +113,31 @@ def estimate_layouts(
     graph_layers = [True] * num_layers
     volume = sum(graph_parallel_volume(plan, list(dims), graph_layers, num_params, num_param_tensors).values())
     out.append(LayoutEstimate("graph_parallel", 1, p, p, volume, compute, volume / p / bandwidth if p > 1 else 0.0))
+    for g in range(2, p):
+        if p % g or p // g > num_layers:
+            continue
+        out += _hybrid_estimates(edge_index, num_nodes, list(dims), layer_seconds, p // g, g, bandwidth,
+                                 chunks_per_stage, num_params + num_param_tensors)
     return sorted(out, key=lambda e: e.seconds)
+
+
+def _hybrid_estimates(edge_index: Tensor, num_nodes: int, dims: List[int], layer_seconds: Sequence[float],
+                      s: int, g: int, bandwidth: float, chunks_per_stage: Sequence[int],
+                      flat_params: int) -> List[LayoutEstimate]:
+    stages = split_layers(len(dims) - 1, s)
+    slowest_stage = max(sum(layer_seconds[i] for i in st) for st in stages)
+    out = []
+    for k in chunks_per_stage:
+        chunks = k * s * g
+        part = nested_partition(edge_index, num_nodes, g, chunks // g)
+        plan = build_chunk_plan(edge_index, num_nodes, chunks, part=part)
+        ratios = _halo_ratio(plan)
+        busiest = max(sum(ratios[c] for c in range(q, chunks, g)) for q in range(g))
+        micro = chunks // g
+        compute = slowest_stage * busiest * (micro + s - 1) / micro
+        volume = sum(hybrid_volume(plan, dims, s, g, [True] * (len(dims) - 1), [flat_params // s] * s).values())
+        out.append(LayoutEstimate("hybrid", s, g, chunks, volume, compute, volume / (s * g) / bandwidth))
+    return out
 
 
 def measure_layer_seconds(blocks: Sequence[nn.Module], x: Tensor, edge_index: Tensor, repeats: int = 3) -> List[float]:

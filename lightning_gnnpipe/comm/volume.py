@@ -12,6 +12,12 @@ time, so a measured epoch must match them exactly (``tests/test_graph_parallel.p
   backward, i.e. ``~ 2 (L-1) H d`` (layer 0 reads the replicated input features); the parts'
   outputs are all-gathered (``G (G-1) M C``) and the weight gradients (``P`` values plus one
   flag per parameter tensor) ring-all-reduced (``2 (G-1) P`` over all ranks).
+* Hybrid, ``S`` stages x ``G`` partitions (:mod:`lightning_gnnpipe.comm.slot_exchange`): the stage
+  boundaries carry what GNNPipe's carry for all ``K`` chunks; every layer ``l >= 1`` sends each
+  cross-partition halo row once (``H_G d_l``, ``H_G`` = sum of the partitions' halos) and the
+  gradients of the rows read in the same slot (``H_live d_l``); each stage all-reduces its weight
+  gradients over ``G`` ranks; the logits are summed over the ``G`` last stages and broadcast in
+  each pipeline.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 from typing import Dict, List
 
 from lightning_gnnpipe.comm.accounting import KINDS
+from lightning_gnnpipe.comm.slot_exchange import partition_halos
 from lightning_gnnpipe.data.chunk import ChunkPlan
 from lightning_gnnpipe.pipeline.split import split_layers
 
@@ -61,4 +68,40 @@ def graph_parallel_volume(plan: ChunkPlan, dims: List[int], graph_layers: List[b
     out.update(halo_embeddings=halo * exchanged * value_bytes, halo_gradients=halo * exchanged * value_bytes,
                logits=g * (g - 1) * plan.max_chunk_size * dims[-1] * value_bytes,
                weight_allreduce=g * (2 * (g - 1) * (num_params + num_param_tensors) * value_bytes // g))
+    return out
+
+
+def _ring(world: int, nbytes: int) -> int:
+    """Bytes one rank sends in a ring all-reduce of ``nbytes`` over ``world`` ranks (as counted at run time)."""
+    return 2 * (world - 1) * nbytes // world
+
+
+def hybrid_volume(plan: ChunkPlan, dims: List[int], num_stages: int, num_parts: int, graph_layers: List[bool],
+                  stage_params: List[int], minimum: bool = False, value_bytes: int = 4) -> Dict[str, int]:
+    """Bytes hybrid parallelism (``S`` stages x ``G`` partitions) sends in one step, by kind, over all ranks.
+
+    With ``G = 1`` this equals :func:`pipeline_volume`.
+
+    Args:
+        plan: The slot-major chunk plan (``K`` chunks, ``K / G`` per partition).
+        dims: Width entering each layer and leaving the last, ``L + 1`` ints.
+        num_stages: ``S``.
+        num_parts: ``G``.
+        graph_layers: Whether each of the ``L`` layers passes messages.
+        stage_params: Per stage, trainable values plus parameter tensors of its blocks (the all-reduced buffer).
+        minimum: Count ``|V|`` rows per stage boundary instead of the padded ``K M``.
+        value_bytes: Bytes per value.
+    """
+    out = pipeline_volume(plan, dims, num_stages, minimum=minimum, value_bytes=value_bytes)
+    G = num_parts
+    if G == 1:
+        return out
+    slot = plan.part // G
+    live = sum(int((slot[plan.halo[c]] == c // G).sum()) for c in range(plan.num_chunks))
+    halo = sum(int(h.numel()) for h in partition_halos(plan, G))
+    exchanged = sum(dims[j] for j in range(1, len(graph_layers)) if graph_layers[j])
+    logits = plan.num_nodes * dims[-1] * value_bytes
+    out.update(halo_embeddings=halo * exchanged * value_bytes, halo_gradients=live * exchanged * value_bytes,
+               logits=G * (num_stages - 1) * logits + G * _ring(G, logits),
+               weight_allreduce=sum(G * _ring(G, p * value_bytes) for p in stage_params))
     return out

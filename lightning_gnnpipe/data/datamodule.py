@@ -11,7 +11,8 @@ from torch_geometric.data import Data
 
 from lightning_gnnpipe.data.chunk import ChunkPlan, build_chunk_plan
 from lightning_gnnpipe.data.order import greedy_chunk_order, stale_read_stats
-from lightning_gnnpipe.data.validation import validate_graph, validate_num_chunks, validate_part
+from lightning_gnnpipe.data.partition import nested_partition
+from lightning_gnnpipe.data.validation import validate_graph, validate_num_chunks, validate_num_parts, validate_part
 
 
 def _identity(batch: Any) -> Any:
@@ -40,6 +41,11 @@ class GraphChunkDataModule(LightningDataModule):
         chunk_order: ``"greedy"`` (default) renumbers the chunks so that as many cross-chunk edges as
             possible are read fresh (:func:`~lightning_gnnpipe.data.order.greedy_chunk_order`);
             ``"metis"`` keeps METIS's part numbers.
+        num_parts: Graph partitions ``G`` for hybrid parallelism (``GNNPipeStrategy(graph_parallel_size=G)``):
+            METIS cuts the graph into ``G`` partitions, then each into ``K / G`` chunks
+            (:func:`~lightning_gnnpipe.data.partition.nested_partition`); chunk ``j * G + g`` is the
+            ``j``-th chunk of partition ``g``. ``K`` must be a multiple of ``G``. With ``part`` given,
+            chunk ``c`` belongs to partition ``c % G``. Default 1 (pure pipeline parallelism).
 
     Raises:
         TypeError, ValueError: On malformed graphs or ``num_chunks`` (see
@@ -47,23 +53,26 @@ class GraphChunkDataModule(LightningDataModule):
     """
 
     def __init__(self, data: Data, num_chunks: int = 8, part: Optional[Tensor] = None,
-                 chunk_order: str = "greedy") -> None:
+                 chunk_order: str = "greedy", num_parts: int = 1) -> None:
         super().__init__()
         validate_graph(data)
         self.num_chunks = validate_num_chunks(num_chunks, data.num_nodes)
+        self.num_parts = validate_num_parts(num_parts, self.num_chunks)
         if chunk_order not in ("greedy", "metis"):
             raise ValueError(f"GraphChunkDataModule: unknown `chunk_order` {chunk_order!r}. Use 'greedy' or 'metis'.")
         if part is not None:
             validate_part(part, data.num_nodes, num_chunks)
         self.data = data
+        if part is None and num_parts > 1:
+            part = nested_partition(data.edge_index, data.num_nodes, num_parts, num_chunks // num_parts)
         plan = build_chunk_plan(data.edge_index, data.num_nodes, num_chunks, part=part)
         if chunk_order == "greedy":
-            plan = plan.reordered(greedy_chunk_order(plan, data.edge_index))
+            plan = plan.reordered(greedy_chunk_order(plan, data.edge_index, num_parts))
         self.plan: ChunkPlan = plan
 
     def stale_read_stats(self) -> Tuple[float, float]:
         """``(fraction of edges read historical, mean age in epochs)`` per layer >= 1 (see ``data/order.py``)."""
-        return stale_read_stats(self.plan, self.data.edge_index)
+        return stale_read_stats(self.plan, self.data.edge_index, self.num_parts)
 
     def _loader(self) -> DataLoader:
         return DataLoader([self.data], batch_size=None, collate_fn=_identity)

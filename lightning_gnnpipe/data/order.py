@@ -27,17 +27,9 @@ def chunk_dependencies(plan: ChunkPlan, edge_index: Tensor) -> Tensor:
     return w.view(k, k)
 
 
-def greedy_chunk_order(plan: ChunkPlan, edge_index: Tensor) -> List[int]:
-    """Order chunks so that many cross-chunk edges go from an earlier to a later chunk.
-
-    Eades-Lin-Smyth greedy: repeatedly place next the remaining chunk with the largest
-    (out-weight - in-weight) towards the remaining chunks.
-
-    Returns:
-        A permutation of ``range(K)``: ``order[i]`` is the chunk that runs ``i``-th.
-    """
-    w = chunk_dependencies(plan, edge_index).double()
-    remaining = list(range(plan.num_chunks))
+def _greedy(w: Tensor) -> List[int]:
+    """Eades-Lin-Smyth greedy order of the nodes of a weighted digraph ``w`` ``(n, n)``."""
+    remaining = list(range(w.size(0)))
     order: List[int] = []
     while remaining:
         idx = torch.tensor(remaining)
@@ -49,8 +41,34 @@ def greedy_chunk_order(plan: ChunkPlan, edge_index: Tensor) -> List[int]:
     return order
 
 
-def stale_read_stats(plan: ChunkPlan, edge_index: Tensor) -> Tuple[float, float]:
+def greedy_chunk_order(plan: ChunkPlan, edge_index: Tensor, num_parts: int = 1) -> List[int]:
+    """Order chunks so that many cross-chunk edges go from an earlier to a later chunk.
+
+    Eades-Lin-Smyth greedy: repeatedly place next the remaining chunk with the largest
+    (out-weight - in-weight) towards the remaining chunks. With ``num_parts = G > 1`` (hybrid
+    parallelism, chunk ``j * G + g`` is the ``j``-th chunk of partition ``g``), the chunks of each
+    partition are ordered among themselves and the slot-major layout is kept.
+
+    Returns:
+        A permutation of ``range(K)``: ``order[i]`` is the chunk that runs ``i``-th.
+    """
+    w = chunk_dependencies(plan, edge_index).double()
+    if num_parts == 1:
+        return _greedy(w)
+    order = [0] * plan.num_chunks
+    for g in range(num_parts):
+        members = list(range(g, plan.num_chunks, num_parts))
+        idx = torch.tensor(members)
+        for j, local in enumerate(_greedy(w[idx][:, idx])):
+            order[j * num_parts + g] = members[local]
+    return order
+
+
+def stale_read_stats(plan: ChunkPlan, edge_index: Tensor, num_parts: int = 1) -> Tuple[float, float]:
     """Return ``(stale_fraction, mean_age)`` of halo reads per layer (layers >= 1) in chunk order.
+
+    With ``num_parts = G > 1`` (hybrid), chunk ``c`` runs in slot ``c // G`` and rows of chunks of the
+    same slot arrive by halo exchange (fresh), so a read is stale when the source's slot is later.
 
     ``stale_fraction``: edges whose source is read historical, over all edges (unitless).
     ``mean_age``: mean age of those rows when read, in epochs (a row of chunk ``c'`` read by chunk
@@ -58,10 +76,10 @@ def stale_read_stats(plan: ChunkPlan, edge_index: Tensor) -> Tuple[float, float]
     """
     if edge_index.numel() == 0:
         return 0.0, 0.0
-    src, dst = plan.part[edge_index[0]], plan.part[edge_index[1]]
+    src, dst = plan.part[edge_index[0]] // num_parts, plan.part[edge_index[1]] // num_parts
     stale = src > dst
     if not bool(stale.any()):
         return 0.0, 0.0
-    k = plan.num_chunks
+    k = plan.num_chunks // num_parts
     age = (k - src[stale] + dst[stale]).double() / k
     return float(stale.double().mean()), float(age.mean())

@@ -70,3 +70,39 @@ def edge_cut(edge_index: Tensor, part: Tensor) -> float:
     if edge_index.numel() == 0:
         return 0.0
     return float((part[edge_index[0]] != part[edge_index[1]]).float().mean())
+
+
+def nested_partition(edge_index: Tensor, num_nodes: int, num_parts: int, chunks_per_part: int) -> Tensor:
+    """Cut a graph into ``G`` partitions, then every partition into ``K/G`` chunks (hybrid parallelism).
+
+    METIS first splits the whole graph into ``num_parts`` partitions (min edge cut), then splits each
+    partition's induced subgraph into ``chunks_per_part`` chunks. Chunk ``j`` of partition ``g`` gets the
+    id ``j * num_parts + g`` ("slot-major": the chunks of one pipeline slot ``j`` are consecutive).
+
+    Args:
+        edge_index: Edges ``(2, |E|)``.
+        num_nodes: ``|V|``.
+        num_parts: ``G`` partitions (graph-parallel groups), ``>= 1``.
+        chunks_per_part: Chunks per partition, ``>= 1``; every partition needs at least that many nodes.
+
+    Returns:
+        Chunk id of every node ``(|V|,)``, ``torch.long`` in ``[0, G * chunks_per_part)``.
+
+    Raises:
+        ValueError: If a partition has fewer nodes than ``chunks_per_part``.
+    """
+    from torch_geometric.utils import subgraph
+
+    parts = metis_partition(edge_index, num_nodes, num_parts)
+    chunk = torch.empty(num_nodes, dtype=torch.long)
+    for g in range(num_parts):
+        members = (parts == g).nonzero().view(-1)
+        if members.numel() < chunks_per_part:
+            raise ValueError(
+                f"nested_partition: partition {g} has {members.numel()} nodes, fewer than the {chunks_per_part} "
+                "chunks per partition requested. Use fewer chunks or fewer partitions."
+            )
+        sub, _ = subgraph(members, edge_index, relabel_nodes=True, num_nodes=num_nodes)
+        local = metis_partition(sub, members.numel(), chunks_per_part)
+        chunk[members] = local * num_parts + g
+    return chunk

@@ -97,6 +97,23 @@ def validate_num_chunks(num_chunks: object, num_nodes: int) -> int:
     return num_chunks
 
 
+def validate_num_parts(num_parts: object, num_chunks: int) -> int:
+    """Return ``num_parts`` if it is an int ``>= 1`` that divides ``num_chunks``, else raise.
+
+    Raises:
+        TypeError: If ``num_parts`` is not an int.
+        ValueError: If it is below 1 or does not divide ``num_chunks``.
+    """
+    if isinstance(num_parts, bool) or not isinstance(num_parts, int):
+        raise TypeError(f"{_WHERE}: `num_parts` must be an int (got {type(num_parts).__name__}).")
+    if num_parts < 1 or num_chunks % num_parts:
+        raise ValueError(
+            f"{_WHERE}: `num_parts` must be >= 1 and divide `num_chunks` ({num_chunks}) (got {num_parts}). "
+            "Every partition gets num_chunks / num_parts chunks; e.g. num_chunks=8, num_parts=2."
+        )
+    return num_parts
+
+
 def validate_part(part: object, num_nodes: int, num_chunks: int) -> None:
     """Check a user-given chunk assignment: ``(|V|,)`` long ids in ``[0, K)``, no empty chunk.
 

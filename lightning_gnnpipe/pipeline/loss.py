@@ -81,13 +81,19 @@ class PipelineLoss:
         graph: Chunk-local graph (for the inner node ids).
         num_nodes: ``|V|``.
         mode: ``"deferred"`` or ``"chunk"``.
+        chunks: The chunks this pipeline runs (default: all). Hybrid parallelism: partition ``g``'s.
+        gather: Hybrid parallelism: turns this pipeline's ``(|V|, C)`` logits (zero outside its chunks)
+            into the whole graph's (a sum over the last stages of all pipelines), called once per step.
 
     Shapes:
         ``__call__``: ``out`` ``(M, C)``, ``target`` ``(1,)`` holding the chunk id.
     """
 
-    def __init__(self, graph: ChunkGraph, num_nodes: int, mode: str) -> None:
+    def __init__(self, graph: ChunkGraph, num_nodes: int, mode: str, chunks: Optional[List[int]] = None,
+                 gather: Optional[Callable[[Tensor], Tensor]] = None) -> None:
         self.graph, self.num_nodes, self.mode = graph, num_nodes, mode
+        self.chunks = list(range(graph.num_chunks)) if chunks is None else list(chunks)
+        self.gather = gather
         self.full_loss: Optional[FullLoss] = None
         self.chunk_loss: Optional[ChunkLoss] = None
         self.reset()
@@ -97,6 +103,7 @@ class PipelineLoss:
         self.full_loss, self.chunk_loss = full_loss, chunk_loss
         self.outputs: List[Optional[Tensor]] = [None] * self.graph.num_chunks
         self._grad: Optional[Tensor] = None
+        self._logits: Optional[Tensor] = None
         self.step_output: Any = None
 
     def __call__(self, out: Tensor, target: Tensor) -> Tensor:
@@ -106,19 +113,23 @@ class PipelineLoss:
         if self.mode == "chunk":
             assert self.chunk_loss is not None
             return self.chunk_loss(out[:n], c)
-        if all(o is not None for o in self.outputs):
+        if all(self.outputs[k] is not None for k in self.chunks):
             self._finish()
         return _DeferredOutputGrad.apply(out, self, c)
 
     def logits(self) -> Tensor:
-        """Assemble the chunks' outputs into ``(|V|, C)`` (detached)."""
+        """Assemble the chunks' outputs into ``(|V|, C)`` (detached); gathered once per step if hybrid."""
+        if self._logits is not None:
+            return self._logits
         first = next(o for o in self.outputs if o is not None)
         full = first.new_zeros(self.num_nodes, first.size(-1))
-        for c, o in enumerate(self.outputs):
+        for c in self.chunks:
+            o = self.outputs[c]
             if o is None:
                 raise RuntimeError(f"PipelineLoss: chunk {c} produced no output in this step.")
             full[self.graph.nodes[c]] = o
-        return full
+        self._logits = self.gather(full) if self.gather is not None else full
+        return self._logits
 
     def _finish(self) -> None:
         assert self.full_loss is not None

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_gnnpipe.comm.slot_exchange import StageExchange
 from lightning_gnnpipe.history.halo_grad import HaloGradients
 from lightning_gnnpipe.history.history import History
 from lightning_gnnpipe.nn.normalization import normalized_convs, precomputed_norm
@@ -41,6 +42,8 @@ class GNNStage(nn.Module):
         halo_gradients: ``"detach"`` drops the gradient that reaches halo rows (GNNAutoScale);
             ``"stale"`` applies it to the owner chunk one epoch later (PipeGCN).
         carry_x0: Whether some block of the model takes the initial embedding ``x0``.
+        exchange: Hybrid parallelism only: the halo exchange with the other partitions' ranks of this
+            stage (:class:`~lightning_gnnpipe.comm.slot_exchange.StageExchange`); needs ``halo_gradients="detach"``.
 
     Shapes:
         forward: ``h`` ``(M, dims[l_s])`` -> ``(M, dims[l_{s+1}])``; ``chunk_id`` ``(1,)``. When a
@@ -59,10 +62,15 @@ class GNNStage(nn.Module):
         history_momentum: float = 0.0,
         halo_gradients: str = "detach",
         carry_x0: bool = False,
+        exchange: Optional[StageExchange] = None,
     ) -> None:
         super().__init__()
         if halo_gradients not in ("detach", "stale"):
             raise ValueError(f"GNNStage: `halo_gradients` must be 'detach' or 'stale' (got {halo_gradients!r}).")
+        if exchange is not None and halo_gradients != "detach":
+            raise ValueError("GNNStage: `halo_gradients='stale'` is not supported with a hybrid halo `exchange` "
+                             "(got 'stale'). Use 'detach'.")
+        self.exchange = exchange
         if 0 in layer_ids and x is None:
             raise ValueError("GNNStage: the stage that owns layer 0 needs the node features `x` (got None).")
         self.blocks = nn.ModuleList(blocks)
@@ -125,7 +133,12 @@ class GNNStage(nn.Module):
             else:
                 table = self.histories[str(layer)]
                 table.push(nodes, h)
-                halo_rows = table.pull(halo)
+                if self.exchange is not None:  # hybrid: rows of the other partitions' chunks of this slot
+                    received, plan = self.exchange(h, c)
+                    table.push(plan.recv_ids, received)
+                    halo_rows = table.pull(halo).index_put((plan.live_pos,), received.index_select(0, plan.back_sel))
+                else:
+                    halo_rows = table.pull(halo)
                 if str(layer) in self.halo_grads:
                     grads = self.halo_grads[str(layer)]
                     halo_rows = grads.collect(halo_rows, halo)

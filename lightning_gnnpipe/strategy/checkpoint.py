@@ -54,7 +54,7 @@ def _rng_from_plain(states: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def gather_pipeline_state(
-    stage: GNNStage, plan: ChunkPlan, layers: List[List[int]], rank: int, save_history: bool
+    stage: GNNStage, plan: ChunkPlan, layers: List[List[int]], rank: int, save_history: bool, group: Any = None
 ) -> Optional[Dict[str, Any]]:
     """Collect the pipeline's state of all ranks on rank 0 (a collective: call it on every rank).
 
@@ -64,6 +64,8 @@ def gather_pipeline_state(
         layers: Layer indices of every stage, ``S`` lists.
         rank: This rank (= stage index).
         save_history: Whether to include the history tables (``|V| x d`` floats per layer).
+        group: The pipeline's process group (hybrid parallelism; default: world). Each pipeline gathers on its
+            first stage; the strategy writes global rank 0's.
 
     Returns:
         On rank 0 the dict stored under :data:`CHECKPOINT_KEY`; ``None`` on other ranks.
@@ -74,7 +76,7 @@ def gather_pipeline_state(
         if save_history else None,
     }
     parts: Optional[List[Any]] = [None] * len(layers) if rank == 0 else None
-    dist.gather_object(local, parts, dst=0)
+    dist.gather_object(local, parts, dst=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     if rank != 0:
         return None
     assert parts is not None

@@ -18,7 +18,8 @@ CHUNK_LOSS_HOOK = "pipeline_chunk_loss"
 
 
 def check_layout(
-    module: nn.Module, datamodule: Optional[object], num_stages: int, schedule: str, fitting: bool = True
+    module: nn.Module, datamodule: Optional[object], num_stages: int, schedule: str, fitting: bool = True,
+    graph_parallel_size: int = 1,
 ) -> LayerStack:
     """Validate everything the pipeline needs and return the model's layer stack.
 
@@ -44,7 +45,7 @@ def check_layout(
             f"requested (one per device) (got devices={num_stages}). Use at most {stack.num_layers} devices."
         ) from err
     if fitting:
-        check_schedule(schedule, datamodule.num_chunks, num_stages)
+        check_schedule(schedule, datamodule.num_chunks // graph_parallel_size, num_stages)
         if schedule != "gpipe" and not callable(getattr(module, CHUNK_LOSS_HOOK, None)):
             raise ValueError(
                 f"GNNPipeStrategy: schedule {schedule!r} runs backwards before all chunks have run forward, "
@@ -55,7 +56,7 @@ def check_layout(
     return stack
 
 
-def check_stage_widths(input_widths: List[int], output_widths: List[int]) -> None:
+def check_stage_widths(input_widths: List[int], output_widths: List[int], group: Any = None) -> None:
     """Check that every stage sends what the next stage expects (a collective: call on every rank).
 
     Stages exchange fixed-shape buffers, so a width mismatch (a model built differently on some
@@ -64,12 +65,13 @@ def check_stage_widths(input_widths: List[int], output_widths: List[int]) -> Non
     Args:
         input_widths: Widths of the tensors this rank's stage receives.
         output_widths: Widths of the tensors this rank's stage sends.
+        group: The pipeline's process group, ranks in stage order (default: world).
 
     Raises:
         RuntimeError: On every rank, if stage ``s`` sends other widths than stage ``s + 1`` expects.
     """
-    infos: List[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(infos, (list(input_widths), list(output_widths)))
+    infos: List[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(infos, (list(input_widths), list(output_widths)), group=group)
     for s in range(len(infos) - 1):
         sent, expected = infos[s][1], infos[s + 1][0]
         if sent != expected:

@@ -31,7 +31,9 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from lightning_gnnpipe.comm.accounting import CommStats, log_comm
+from lightning_gnnpipe.comm.gradients import all_reduce_grads
 from lightning_gnnpipe.comm.pipeline import PipelineRecorder
+from lightning_gnnpipe.comm.slot_exchange import StageExchange, build_slot_plans
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.nn.stack import LayerStack, infer_dims, takes_x0
 from lightning_gnnpipe.pipeline.balance import check_balance, stage_layers
@@ -101,6 +103,12 @@ class GNNPipeStrategy(ParallelStrategy):
         start_method: ``"spawn"`` (default) or ``"popen"``; under torchrun/SLURM the processes
             already exist and this is ignored.
         process_group_backend: ``"gloo"`` (CPU default) or ``"nccl"`` (GPU default).
+        graph_parallel_size: ``G``, graph partitions for hybrid parallelism. The ``devices * num_nodes``
+            processes form ``S = devices * num_nodes / G`` stages x ``G`` partitions: rank ``g * S + s`` runs
+            stage ``s`` of partition ``g``'s pipeline, and the ``G`` ranks of a stage exchange halo rows and
+            sum weight gradients (:mod:`~lightning_gnnpipe.comm.slot_exchange`). The DataModule must be cut
+            with ``num_parts=G``. Default 1 (pure pipeline parallelism). ``G`` = number of processes and one
+            chunk per partition is exact graph parallelism.
 
     Raises:
         ValueError: Unknown ``schedule``, ``balance`` or ``start_method``, bad ``profile_epoch`` (here); bad
@@ -127,6 +135,7 @@ class GNNPipeStrategy(ParallelStrategy):
         timeout: timedelta = timedelta(seconds=600),
         start_method: Literal["spawn", "popen"] = "spawn",
         process_group_backend: Optional[str] = None,
+        graph_parallel_size: int = 1,
         accelerator=None,
         parallel_devices: Optional[List[torch.device]] = None,
         cluster_environment: Optional[ClusterEnvironment] = None,
@@ -154,6 +163,18 @@ class GNNPipeStrategy(ParallelStrategy):
             raise ValueError(
                 f"GNNPipeStrategy: `halo_gradients` must be 'detach' or 'stale' (got {halo_gradients!r})."
             )
+        if isinstance(graph_parallel_size, bool) or not isinstance(graph_parallel_size, int) or graph_parallel_size < 1:
+            raise ValueError(
+                f"GNNPipeStrategy: `graph_parallel_size` must be an int >= 1 (got {graph_parallel_size!r})."
+            )
+        if graph_parallel_size > 1 and halo_gradients != "detach":
+            raise ValueError(
+                "GNNPipeStrategy: `halo_gradients='stale'` is not supported with `graph_parallel_size` > 1 "
+                f"(got graph_parallel_size={graph_parallel_size}). Use halo_gradients='detach'."
+            )
+        self.graph_parallel_size = graph_parallel_size
+        self._pp_group: Any = None  # this rank's pipeline (S ranks); None = world
+        self._gp_group: Any = None  # this rank's stage group (G ranks); None without hybrid
         self.refresh_every = refresh_every
         self.history_momentum = history_momentum
         self.halo_gradients = halo_gradients
@@ -200,12 +221,22 @@ class GNNPipeStrategy(ParallelStrategy):
 
     @property
     def num_stages(self) -> int:
-        """``S``: one stage per process."""
-        return self.num_nodes * self.num_processes
+        """``S``: processes / ``graph_parallel_size`` (one stage per process, ``G`` pipelines)."""
+        return self.num_nodes * self.num_processes // self.graph_parallel_size
 
     @property
     def stage_index(self) -> int:
-        return self.global_rank
+        """``s``: this rank's stage in its pipeline."""
+        return self.global_rank % self.num_stages
+
+    @property
+    def partition_index(self) -> int:
+        """``g``: this rank's graph partition (its pipeline), 0 without hybrid parallelism."""
+        return self.global_rank // self.num_stages
+
+    def _rank_of(self, stage: int) -> int:
+        """Global rank of stage ``stage`` in this rank's pipeline."""
+        return self.partition_index * self.num_stages + stage
 
     @property
     def is_last_stage(self) -> bool:
@@ -240,6 +271,15 @@ class GNNPipeStrategy(ParallelStrategy):
         )
         assert self.cluster_environment is not None
         _init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout)
+        self._pp_group = self._gp_group = None
+        G, S = self.graph_parallel_size, self.num_stages
+        if G > 1:  # a 2-D mesh of ranks g * S + s: one group per pipeline, one per stage (all ranks create all)
+            for g in range(G):
+                group = dist.new_group([g * S + s for s in range(S)], timeout=self._timeout)
+                self._pp_group = group if g == self.partition_index else self._pp_group
+            for s in range(S):
+                group = dist.new_group([g * S + s for g in range(G)], timeout=self._timeout)
+                self._gp_group = group if s == self.stage_index else self._gp_group
 
     def set_world_ranks(self) -> None:
         if self.cluster_environment is not None:
@@ -273,7 +313,21 @@ class GNNPipeStrategy(ParallelStrategy):
         module = module if module is not None else trainer.lightning_module
         datamodule = datamodule if datamodule is not None else trainer.datamodule
         fitting = trainer.state.fn in (None, TrainerFn.FITTING)
-        return check_layout(module, datamodule, self.num_stages, self.schedule_name, fitting=fitting)
+        G, world = self.graph_parallel_size, self.num_nodes * self.num_processes
+        if world % G:
+            raise ValueError(
+                f"GNNPipeStrategy: the {world} processes cannot form `graph_parallel_size`={G} pipelines "
+                f"(got devices * num_nodes = {world}). Use a process count that is a multiple of {G}."
+            )
+        parts = getattr(datamodule, "num_parts", 1)
+        if isinstance(datamodule, GraphChunkDataModule) and parts != G:
+            raise ValueError(
+                f"GNNPipeStrategy: `graph_parallel_size`={G} needs the graph cut into {G} partitions, but the "
+                f"DataModule has num_parts={parts}. Build it as GraphChunkDataModule(data, num_chunks=K, "
+                f"num_parts={G})."
+            )
+        return check_layout(module, datamodule, self.num_stages, self.schedule_name, fitting=fitting,
+                            graph_parallel_size=G)
 
     def setup(self, trainer: Trainer) -> None:
         assert self.accelerator is not None
@@ -287,7 +341,8 @@ class GNNPipeStrategy(ParallelStrategy):
             if self.insight not in trainer.callbacks:
                 trainer.callbacks.append(self.insight)
         if self._sharded_gradients:  # clip by the norm over all stages (strategy/precision.py)
-            self.precision_plugin = global_norm_clipping(self.precision_plugin, device=self.root_device)
+            self.precision_plugin = global_norm_clipping(self.precision_plugin, group=self._pp_group,
+                                                         device=self.root_device)
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
@@ -313,28 +368,43 @@ class GNNPipeStrategy(ParallelStrategy):
                        f"{min(plan.chunk_sizes)}-{plan.max_chunk_size} nodes, edge cut {plan.edge_cut:.3f}")
         blocks = [stack.blocks[i] for i in mine]
         graph = build_chunk_graph(plan, data.edge_index, blocks, device, dtype=x.dtype)
+        G, g = self.graph_parallel_size, self.partition_index
+        self._chunk_ids = list(range(g, plan.num_chunks, G))  # this pipeline's micro-batches, in order
+        exchange = None
+        if G > 1:
+            plans = [p.to(device) if p is not None else None for p in build_slot_plans(plan, G, g)]
+            exchange = StageExchange(plans, self._gp_group, self.comm_stats)
+            for block in blocks:  # every pipeline starts from the same weights (as DDP does)
+                for t in list(block.parameters()) + list(block.buffers()):
+                    dist.broadcast(t.data, src=self.stage_index, group=self._gp_group)
         self._stage = GNNStage(blocks, mine, self._dims, graph, x=x if 0 in mine else None,
                                history_momentum=self.history_momentum, halo_gradients=self.halo_gradients,
-                               carry_x0=any(takes_x0(b) for b in stack.blocks))
-        check_stage_widths(self._stage.input_widths, self._stage.output_widths)
+                               carry_x0=any(takes_x0(b) for b in stack.blocks), exchange=exchange)
+        check_stage_widths(self._stage.input_widths, self._stage.output_widths, self._pp_group)
         self._stale_stats = trainer.datamodule.stale_read_stats()
         self._num_nodes_graph = plan.num_nodes
-        self._x_pad = plan.pad(data.x).to(device) if self.stage_index == 0 else None
-        self._num_chunks = plan.num_chunks
+        self._x_pad = None
+        if self.stage_index == 0:
+            m = plan.max_chunk_size
+            self._x_pad = plan.pad(data.x).view(plan.num_chunks, m, -1)[self._chunk_ids].reshape(
+                len(self._chunk_ids) * m, -1).to(device)
+        self._num_chunks = len(self._chunk_ids)
         self._schedule = None
         if trainer.state.fn == TrainerFn.FITTING:
             mode = "deferred" if self.schedule_name == "gpipe" else "chunk"
-            self._loss = PipelineLoss(graph, plan.num_nodes, mode) if self.is_last_stage else None
+            gather = self._gather_logits if G > 1 else None
+            self._loss = PipelineLoss(graph, plan.num_nodes, mode, chunks=self._chunk_ids,
+                                      gather=gather) if self.is_last_stage else None
             in_dtype = self._data_dtype if self.stage_index == 0 else self._boundary_dtype
             out_dtype = self._data_dtype if self.is_last_stage else self._boundary_dtype
             module = self._stage if self._boundary_dtype == self._data_dtype else \
                 BoundaryCast(self._stage, self._data_dtype, out_dtype)
             self._schedule = build_schedule(
                 module, self.stage_index, self.num_stages, device, plan.max_chunk_size,
-                self._stage.input_widths, self._stage.output_widths, self.schedule_name, plan.num_chunks,
+                self._stage.input_widths, self._stage.output_widths, self.schedule_name, len(self._chunk_ids),
                 # Every rank must pass a loss_fn: the schedules run backwards only when one is set.
                 self._loss if self._loss is not None else _not_last_stage,
-                in_dtype=in_dtype, out_dtype=out_dtype,
+                group=self._pp_group, in_dtype=in_dtype, out_dtype=out_dtype,
             )
             self._recorder = PipelineRecorder(self._schedule, self.comm_stats)
 
@@ -359,17 +429,24 @@ class GNNPipeStrategy(ParallelStrategy):
         else:
             inputs = [torch.empty(n, d, device=device, dtype=self._boundary_dtype) for d in self._stage.input_widths]
             for t in inputs:
-                dist.recv(t, src=s - 1)
+                dist.recv(t, src=self._rank_of(s - 1))
             inputs = [t.to(self._data_dtype) for t in inputs]
         outputs = self._stage.forward_full(*inputs, write_history=write_history, drift=drift)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         h = outputs[0].to(self._data_dtype)
         if not self.is_last_stage:
             for t in outputs:
-                dist.send(t.to(self._boundary_dtype).contiguous(), dst=s + 1)
+                dist.send(t.to(self._boundary_dtype).contiguous(), dst=self._rank_of(s + 1))
             h = torch.empty(n, self._dims[-1], device=device, dtype=self._data_dtype)
-        dist.broadcast(h, src=self.num_stages - 1)
+        dist.broadcast(h, src=self._rank_of(self.num_stages - 1), group=self._pp_group)
         return h
+
+    def _gather_logits(self, partial: Tensor) -> Tensor:
+        """Hybrid: sum the last stages' logits ``(|V|, C)`` (each nonzero on its partition only)."""
+        with self.comm_stats.waiting():
+            dist.all_reduce(partial, group=self._gp_group)
+        self.comm_stats.record_all_reduce("logits", partial, self.graph_parallel_size)
+        return partial
 
     def refresh_history(self) -> Dict[int, float]:
         """Refill every stage's history tables with an exact no-grad full-graph forward.
@@ -386,7 +463,7 @@ class GNNPipeStrategy(ParallelStrategy):
         finally:
             for m, flag in flags:
                 m.training = flag
-        gathered: List[Any] = [None] * self.num_stages
+        gathered: List[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, drift)
         return {k: v for part in gathered for k, v in part.items()}
 
@@ -424,7 +501,7 @@ class GNNPipeStrategy(ParallelStrategy):
         for p in lm.parameters():
             p.grad = None
         self._before_step()
-        ids = torch.arange(self._num_chunks, device=self.root_device)
+        ids = torch.tensor(self._chunk_ids, device=self.root_device)
         step_args = (self._x_pad,) if self.stage_index == 0 else ()
         step_kwargs: Dict[str, Any] = {"chunk_id": ids}
         if self.is_last_stage:
@@ -440,7 +517,10 @@ class GNNPipeStrategy(ParallelStrategy):
             else:
                 logits = torch.empty(self._num_nodes_graph, self._dims[-1], device=self.root_device,
                                      dtype=self._data_dtype)
-            dist.broadcast(logits, src=self.num_stages - 1)
+            dist.broadcast(logits, src=self._rank_of(self.num_stages - 1), group=self._pp_group)
+            if self.graph_parallel_size > 1:
+                all_reduce_grads(list(self._stage.parameters()), self.comm_stats, self.graph_parallel_size,
+                                 self._gp_group)
             self._recorder.end()
             self.comm_stats.record_broadcast("logits", logits, self.num_stages - 1, self.stage_index, self.num_stages)
             self.comm_metrics = log_comm(lm, self.comm_stats)
@@ -503,7 +583,7 @@ class GNNPipeStrategy(ParallelStrategy):
     def lightning_module_state_dict(self) -> Dict[str, Any]:
         """Return the full model's ``state_dict`` (every stage's weights, original names)."""
         if _distributed_is_initialized() and self._owners:
-            sync_stage_tensors(self.lightning_module, self._owners)
+            sync_stage_tensors(self.lightning_module, self._owners, group=self._pp_group)
         return self.lightning_module.state_dict()
 
     def optimizer_state(self, optimizer: Optimizer) -> Dict[str, Any]:
@@ -511,7 +591,7 @@ class GNNPipeStrategy(ParallelStrategy):
         opt = getattr(optimizer, "_optimizer", optimizer)
         if not _distributed_is_initialized() or not self._owners:
             return opt.state_dict()
-        return merged_optimizer_state(opt, self._owners, self.stage_index)
+        return merged_optimizer_state(opt, self._owners, self.stage_index, group=self._pp_group)
 
     def save_checkpoint(self, checkpoint: Dict[str, Any], filepath: Any, storage_options: Optional[Any] = None) -> None:
         """Add the pipeline's state (RNG, chunk plan, optional history tables) and write on rank 0.
@@ -520,7 +600,8 @@ class GNNPipeStrategy(ParallelStrategy):
         """
         if self._stage is not None and _distributed_is_initialized():
             state = gather_pipeline_state(self._stage, self.lightning_module.trainer.datamodule.plan, self._layers,
-                                          self.stage_index, self.save_history and "optimizer_states" in checkpoint)
+                                          self.stage_index, self.save_history and "optimizer_states" in checkpoint,
+                                          group=self._pp_group)
             if state is not None:
                 checkpoint[CHECKPOINT_KEY] = state
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
@@ -543,14 +624,14 @@ class GNNPipeStrategy(ParallelStrategy):
     def on_exception(self, exception: BaseException) -> None:
         """Name the rank and stage in the error; see :mod:`~lightning_gnnpipe.strategy.failures`."""
         if _distributed_is_initialized():  # in a rank, not in the main process of a spawn launch
-            handle_rank_failure(exception, dist.get_rank(), self.num_stages, self._layers[dist.get_rank()]
+            handle_rank_failure(exception, dist.get_rank(), self.num_stages, self._layers[self.stage_index]
                                 if self._layers else None)
 
     def on_train_end(self) -> None:
         super().on_train_end()
         # The model that spawn hands back to the main process is rank 0's: make it complete.
         if _distributed_is_initialized() and self._owners:
-            sync_stage_tensors(self.lightning_module, self._owners)
+            sync_stage_tensors(self.lightning_module, self._owners, group=self._pp_group)
 
     def teardown(self) -> None:
         self._schedule = self._stage = self._loss = self._resume_state = None

@@ -23,13 +23,13 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor, nn
 
 from lightning_gnnpipe.comm.accounting import CommStats, log_comm
-from lightning_gnnpipe.comm.halo import HaloExchange, HaloPlan, build_halo_plan
+from lightning_gnnpipe.comm.gradients import all_reduce_grads
+from lightning_gnnpipe.comm.halo import HaloPlan, build_halo_plan, exchange_halo
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.nn.normalization import check_supported, normalized_convs, precomputed_norm
 from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack, uses_graph
 from lightning_gnnpipe.pipeline.graph import ChunkGraph, build_chunk_graph
 from lightning_gnnpipe.pipeline.loss import output_grad
-from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.gnnpipe import GNNPipeStrategy
 
 
@@ -64,7 +64,7 @@ class PartitionForward(nn.Module):
                 h = block(h, g.edge_index[r][:, :0])
                 first = False
                 continue
-            halo_rows = self.x[g.halo[r]] if first else HaloExchange.apply(h, self.halo, stats, group)
+            halo_rows = self.x[g.halo[r]] if first else exchange_halo(h, self.halo, stats, group)
             with precomputed_norm(self._norm_convs[j], g.norm_edges[r]):
                 h = block(torch.cat([h, halo_rows.to(h.dtype)]), g.edge_index[r])[:n]
             first = False
@@ -161,21 +161,6 @@ class GraphParallelStrategy(GNNPipeStrategy):
             full[nodes] = blocks[q][: nodes.numel()]
         return full
 
-    def _all_reduce_grads(self, stats: CommStats) -> None:
-        """Sum every block parameter's gradient over the ranks (``None`` stays ``None`` everywhere)."""
-        params = self._params
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-                         + [torch.tensor([float(p.grad is not None) for p in params], dtype=params[0].dtype,
-                                         device=params[0].device)])
-        with stats.waiting():
-            dist.all_reduce(flat)
-        stats.record_all_reduce("weight_allreduce", flat, self.num_parts)
-        offset, has = 0, flat[-len(params):]
-        for i, p in enumerate(params):
-            if bool(has[i] > 0):
-                p.grad = flat[offset: offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
-
     # ------------------------------------------------------------------ steps
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         assert self._forward is not None and self._stack is not None
@@ -189,7 +174,7 @@ class GraphParallelStrategy(GNNPipeStrategy):
             logits = self._gather_logits(out, stats)
             grad, output = output_grad(lambda full: self._user_loss(full, batch, args, kwargs), logits)
             out.backward(grad[self._nodes[self.global_rank]])
-            self._all_reduce_grads(stats)
+            all_reduce_grads(self._params, stats, self.num_parts)
         stats.step_s = time.perf_counter() - t0
         self.comm_metrics = log_comm(lm, stats)
         self._grads = [(p, p.grad) for p in lm.parameters() if p.grad is not None]

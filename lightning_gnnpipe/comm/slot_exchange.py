@@ -1,0 +1,143 @@
+"""Halo exchange inside one stage of hybrid parallelism (``S`` stages x ``G`` graph partitions).
+
+Hybrid layout (``GNNPipeStrategy(graph_parallel_size=G)``): the graph is cut into ``G`` partitions and
+each partition into ``K/G`` chunks; chunk ``c = j * G + g`` is the ``j``-th micro-batch of the pipeline of
+partition ``g`` (:func:`~lightning_gnnpipe.data.partition.nested_partition`). The ``G`` ranks that hold
+stage ``s`` form a graph-parallel group and run in lockstep: in slot ``j`` they all process their
+partition's ``j``-th chunk. At every message-passing layer ``l >= 1`` each of them sends the rows of
+its current chunk that any chunk of another partition reads (one ``all_to_all_single``), so the
+receivers' history tables hold them from now on:
+
+* rows of a chunk in the *same slot* are used as they arrive, with autograd: their gradients travel
+  back in the backward pass (exact, as in graph parallelism);
+* rows of earlier slots are read fresh from the table, rows of later slots historical (as in GNNPipe).
+
+With ``K = G`` (one chunk per partition) and ``S = 1`` this is exact graph parallelism; with ``G = 1`` it
+is GNNPipe. Bytes per epoch and layer: every cross-partition halo row once forward, and the same-slot
+ones once backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+from torch import Tensor
+
+from lightning_gnnpipe.comm.accounting import CommStats
+from lightning_gnnpipe.comm.halo import RowExchange
+from lightning_gnnpipe.data.chunk import ChunkPlan
+
+
+@dataclass
+class SlotPlan:
+    """What chunk ``c``'s rank sends and receives in one layer's exchange.
+
+    Attributes:
+        send_index: Local rows of chunk ``c`` to send, grouped by destination partition, ``(sum(send_counts),)``.
+        send_counts: Rows sent to each partition, ``G`` ints (0 to itself).
+        recv_counts: Rows received from each partition, ``G`` ints.
+        recv_ids: Global node id of every received row, in arrival order, ``(sum(recv_counts),)``.
+        back_sel: Received rows that chunk ``c`` itself reads (same slot: used with autograd),
+            indices into the received rows, grouped by source partition.
+        live_pos: Position in ``halo[c]`` of each of those rows.
+        back_counts: Live rows received from each partition (their gradients go back), ``G`` ints.
+        back_index: Local rows of chunk ``c`` read live by the other partitions' chunks of the slot
+            (they get gradients back), grouped by partition.
+        back_recv_counts: Those rows per partition, ``G`` ints.
+    """
+
+    send_index: Tensor
+    send_counts: List[int]
+    recv_counts: List[int]
+    recv_ids: Tensor
+    back_sel: Tensor
+    live_pos: Tensor
+    back_counts: List[int]
+    back_index: Tensor
+    back_recv_counts: List[int]
+
+    def to(self, device: torch.device) -> "SlotPlan":
+        t = lambda x: x.to(device)  # noqa: E731
+        return SlotPlan(t(self.send_index), self.send_counts, self.recv_counts, t(self.recv_ids), t(self.back_sel),
+                        t(self.live_pos), self.back_counts, t(self.back_index), self.back_recv_counts)
+
+
+def partition_halos(plan: ChunkPlan, num_parts: int) -> List[Tensor]:
+    """Halo of every partition: out-of-partition sources of edges into it, sorted, ``G`` tensors."""
+    halos = []
+    partition = plan.part % num_parts
+    for g in range(num_parts):
+        rows = torch.cat([plan.halo[c] for c in range(g, plan.num_chunks, num_parts)])
+        rows = torch.unique(rows)
+        halos.append(rows[partition[rows] != g])
+    return halos
+
+
+def build_slot_plans(plan: ChunkPlan, num_parts: int, part: int) -> List[Optional[SlotPlan]]:
+    """Build the :class:`SlotPlan` of every chunk of partition ``part`` (``None`` for other chunks).
+
+    Args:
+        plan: The chunk plan, slot-major (chunk ``j * G + g`` is partition ``g``'s ``j``-th chunk).
+        num_parts: ``G``.
+        part: This rank's partition ``g``.
+    """
+    halos = partition_halos(plan, num_parts)
+    plans: List[Optional[SlotPlan]] = [None] * plan.num_chunks
+    for c in range(part, plan.num_chunks, num_parts):
+        j = c // num_parts
+        nodes, halo = plan.nodes[c], plan.halo[c]
+        send, send_counts, recv_ids, recv_counts = [], [], [], []
+        back_sel, live_pos, back_counts, grad, back_recv_counts = [], [], [], [], []
+        offset = 0
+        for q in range(num_parts):
+            peer = j * num_parts + q
+            if q == part:
+                empty = nodes.new_zeros(0)
+                send.append(empty)
+                recv_ids.append(empty)
+                grad.append(empty)
+                send_counts.append(0)
+                recv_counts.append(0)
+                back_counts.append(0)
+                back_recv_counts.append(0)
+                continue
+            rows = torch.isin(nodes, halos[q]).nonzero().view(-1)
+            send.append(rows)
+            send_counts.append(int(rows.numel()))
+            incoming = plan.nodes[peer][torch.isin(plan.nodes[peer], halos[part])]
+            recv_ids.append(incoming)
+            recv_counts.append(int(incoming.numel()))
+            live = torch.isin(incoming, halo).nonzero().view(-1)
+            back_sel.append(live + offset)
+            live_pos.append(torch.searchsorted(halo, incoming[live]))
+            back_counts.append(int(live.numel()))
+            offset += int(incoming.numel())
+            rows_read = torch.isin(nodes, plan.halo[peer]).nonzero().view(-1)
+            grad.append(rows_read)
+            back_recv_counts.append(int(rows_read.numel()))
+        cat = lambda xs: torch.cat(xs) if xs else nodes.new_zeros(0)  # noqa: E731
+        plans[c] = SlotPlan(cat(send), send_counts, recv_counts, cat(recv_ids), cat(back_sel), cat(live_pos),
+                            back_counts, cat(grad), back_recv_counts)
+    return plans
+
+
+class StageExchange:
+    """The halo exchange of one hybrid stage: its chunks' :class:`SlotPlan` s, group and byte counter.
+
+    Args:
+        plans: From :func:`build_slot_plans` (moved to the stage's device).
+        group: The stage's graph-parallel process group (the ``G`` ranks holding this stage).
+        stats: Where to count the bytes (``None``: not counted).
+    """
+
+    def __init__(self, plans: List[Optional[SlotPlan]], group=None, stats: Optional[CommStats] = None) -> None:
+        self.plans, self.group, self.stats = plans, group, stats
+
+    def __call__(self, h: Tensor, c: int) -> "tuple[Tensor, SlotPlan]":
+        """Send chunk ``c``'s rows ``h`` ``(n_c, d)``; return the received rows and the plan."""
+        plan = self.plans[c]
+        if plan is None:
+            raise RuntimeError(f"StageExchange: chunk {c} does not belong to this rank's partition.")
+        return RowExchange.apply(h, plan, self.stats, self.group), plan
