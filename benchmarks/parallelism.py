@@ -107,6 +107,11 @@ class Probe(Callback):
 
     def setup(self, trainer, pl_module, stage):
         torch.set_num_threads(self.threads)
+        self.bandwidth = None
+        if trainer.world_size > 1:  # the process group exists here; every rank takes part
+            from lightning_gnnpipe.comm.planner import measure_bandwidth
+
+            self.bandwidth = measure_bandwidth()
 
     def on_train_epoch_start(self, trainer, pl_module):
         self._t0 = time.perf_counter()
@@ -120,7 +125,7 @@ class Probe(Callback):
         peak = peak_rss_mib()
         Path(self.directory).mkdir(parents=True, exist_ok=True)
         (Path(self.directory) / f"rank{trainer.global_rank}.json").write_text(
-            json.dumps({"epochs": self.epochs, "peak_rss_mib": peak}))
+            json.dumps({"epochs": self.epochs, "peak_rss_mib": peak, "bandwidth_Bps": self.bandwidth}))
 
 
 def run(data: Data, mode: str, procs: int, layers: int, hidden: int, epochs: int, chunks_per_stage: int) -> dict:
@@ -143,7 +148,7 @@ def run(data: Data, mode: str, procs: int, layers: int, hidden: int, epochs: int
     timed = ranks[0]["epochs"][1:] or ranks[0]["epochs"]
     out = {"mode": mode, "procs": devices, "layers": layers, "chunks": chunks,
            "epoch_s": statistics.median(e["epoch_s"] for e in timed),
-           "peak_rss_mib": [r["peak_rss_mib"] for r in ranks]}
+           "peak_rss_mib": [r["peak_rss_mib"] for r in ranks], "bandwidth_Bps": ranks[0].get("bandwidth_Bps")}
     if mode != "single":
         last = ranks[0]["epochs"][-1]
         out["sent"] = {k: int(last[f"comm/sent/{k}"]) for k in KINDS}
@@ -221,6 +226,43 @@ def print_tables(analytic: List[dict], measured: List[dict]) -> None:
                   f"{bub:.3f} | {max(r['peak_rss_mib']):,.0f} |")
 
 
+def print_ratios(measured: List[dict]) -> None:
+    """Graph-parallel / GNNPipe (and / hybrid) ratios of bytes and epoch time measured in the same invocation,
+    and pipeline efficiency ``T(1) / (S T(S))`` against the bubble bound."""
+    def find(name, mode, p, L, k=None):
+        rows = [r for r in measured if (r["dataset"], r["mode"], r["procs"], r["layers"]) == (name, mode, p, L)
+                and (k is None or r["chunks"] == k)]
+        return rows[0] if rows else None
+
+    keys = sorted({(r["dataset"], r["procs"], r["layers"]) for r in measured if r["mode"] != "single"})
+    print("\n### Ratios, measured (graph parallel / other; K = 4S for GNNPipe, 4SG for hybrid)\n")
+    print("| dataset | procs | L | bytes GP/GNNPipe | time GP/GNNPipe | bytes GP/hybrid | time GP/hybrid |")
+    print("|---|---|---|---|---|---|---|")
+    for name, p, L in keys:
+        gp = find(name, "graph_parallel", p, L)
+        cells = []
+        for mode in ("gnnpipe", "hybrid"):
+            other = find(name, mode, p, L, 4 * p)
+            if gp and other:
+                cells += [f"{sum(gp['sent'].values()) / sum(other['sent'].values()):.2f}",
+                          f"{gp['epoch_s'] / other['epoch_s']:.2f}"]
+            else:
+                cells += ["-", "-"]
+        print(f"| {name} | {p} | {L} | " + " | ".join(cells) + " |")
+    print("\n### Pipeline efficiency T(1) / (S T(S)) of GNNPipe against the bubble bound\n")
+    print("| dataset | S | K | L | T(1) s | T(S) s | efficiency | bound 1-(S-1)/(K+S-1) | bubble measured | bubble bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in measured:
+        one = find(r["dataset"], "single", 1, r["layers"])
+        if r["mode"] != "gnnpipe" or one is None:
+            continue
+        s, k = r["procs"], r["chunks"]
+        bound = (s - 1) / (k + s - 1)
+        bub = statistics.mean(b / t for b, t in zip(r["bubble_s"], r["step_s"]))
+        print(f"| {r['dataset']} | {s} | {k} | {r['layers']} | {one['epoch_s']:.3f} | {r['epoch_s']:.3f} | "
+              f"{one['epoch_s'] / (s * r['epoch_s']):.2f} | {1 - bound:.3f} | {bub:.3f} | {bound:.3f} |")
+
+
 def plot(results: dict, png: str) -> None:
     """Bytes per epoch (formulas) and measured epoch time against depth, one PNG."""
     import matplotlib
@@ -256,7 +298,18 @@ def plot(results: dict, png: str) -> None:
 
 
 def print_plans(args) -> None:
-    """The planner's table per dataset, depth and process count, from measured per-layer times."""
+    """The planner's table per dataset, depth and process count, from measured per-layer times and bandwidth.
+
+    Bandwidth: ``--bandwidth`` if given, else the median of the point-to-point bandwidths measured at the start of
+    the multi-process runs stored in ``--json``.
+    """
+    if args.bandwidth is None:
+        found = [r["bandwidth_Bps"] for r in json.loads(Path(args.json).read_text())["measured"]
+                 if r.get("bandwidth_Bps")] if args.json and Path(args.json).exists() else []
+        if not found:
+            raise SystemExit("parallelism.py --plan: no measured bandwidth; pass --json with measured runs or "
+                             "--bandwidth BYTES_PER_S.")
+        args.bandwidth = statistics.median(found)
     from torch_geometric.nn.models import GCN
 
     from lightning_gnnpipe import find_layer_stack
@@ -293,7 +346,8 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="append the results to this JSON file")
     parser.add_argument("--plot", default=None, help="only draw a PNG from --json, then exit")
     parser.add_argument("--plan", action="store_true", help="print the planner's estimates and exit")
-    parser.add_argument("--bandwidth", type=float, default=1e9, help="planner: bytes/s between two ranks")
+    parser.add_argument("--bandwidth", type=float, default=None,
+                        help="planner: bytes/s between two ranks (default: measured, from --json)")
     args = parser.parse_args()
     if args.plan:
         print_plans(args)
@@ -301,6 +355,7 @@ def main() -> None:
     if args.plot:
         results = json.loads(Path(args.json).read_text())
         print_tables(results["analytic"], results["measured"])
+        print_ratios(results["measured"])
         plot(results, args.plot)
         return
 
@@ -321,6 +376,8 @@ def main() -> None:
                         measured.append(res)
                         print(json.dumps(res), flush=True)
     print_tables(analytic, measured)
+    if measured:
+        print_ratios(measured)
     if args.json:
         path = Path(args.json)
         old = json.loads(path.read_text()) if path.exists() else {"analytic": [], "measured": []}

@@ -61,3 +61,31 @@ def test_hybrid_layouts_are_estimated(graph):
     plan = build_chunk_plan(graph.edge_index, 400, 8, part=nested_partition(graph.edge_index, 400, 2, 4))
     assert hybrid.chunks == 8
     assert hybrid.bytes_per_epoch == sum(hybrid_volume(plan, dims, 2, 2, [True] * 8, [0, 0]).values())
+
+
+def _bandwidth_worker(rank: int, store_path: str, out: str) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    from lightning_gnnpipe.comm.planner import measure_bandwidth
+
+    store = dist.FileStore(store_path, 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+    try:
+        torch.save(measure_bandwidth(nbytes=1 << 20, repeats=2), f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_measure_bandwidth_two_ranks(tmp_path):
+    import torch.multiprocessing as mp
+
+    from lightning_gnnpipe.comm.planner import measure_bandwidth
+
+    out = str(tmp_path / "bw")
+    mp.spawn(_bandwidth_worker, args=(str(tmp_path / "store"), out), nprocs=2)
+    values = [torch.load(f"{out}.{r}") for r in range(2)]
+    assert values[0] == values[1] and 1e6 < values[0] < float("inf")  # every rank gets rank 0's bytes/s
+    with pytest.raises(ValueError, match="nbytes >= 4"):
+        measure_bandwidth(nbytes=0)

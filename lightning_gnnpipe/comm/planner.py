@@ -7,7 +7,7 @@ A cost model, not a measurement: per-epoch time = compute + communication, where
 * GNNPipe (``S`` stages, ``K`` chunks) runs its slowest stage ``(K + S - 1) / K`` times (GPipe's
   fill and drain bubble, Huang et al., arXiv 1811.06965);
 * communication is the analytic byte count of :mod:`lightning_gnnpipe.comm.volume` divided by a
-  measured or assumed point-to-point bandwidth (bytes per second), each rank sending its share in
+  measured (:func:`measure_bandwidth`) or assumed point-to-point bandwidth (bytes per second), each rank sending its share in
   parallel, with no overlap of communication and compute (a conservative bound);
 * hybrid (``S`` stages x ``G`` partitions, ``S G = P``) runs each pipeline on its partition's
   ``K / G`` chunks, so its compute is the busiest partition's rows through the slowest stage with
@@ -138,6 +138,42 @@ def _hybrid_estimates(edge_index: Tensor, num_nodes: int, dims: List[int], layer
         volume = sum(hybrid_volume(plan, dims, s, g, [True] * (len(dims) - 1), [flat_params // s] * s).values())
         out.append(LayoutEstimate("hybrid", s, g, chunks, volume, compute, volume / (s * g) / bandwidth))
     return out
+
+
+def measure_bandwidth(nbytes: int = 1 << 24, repeats: int = 5, group=None) -> float:
+    """Measure point-to-point bandwidth between the first two ranks of ``group`` (bytes per second).
+
+    A collective: every rank of ``group`` calls it. Ranks 0 and 1 exchange a ``nbytes`` float32 buffer
+    back and forth ``repeats`` times (``send``/``recv`` of the process group's backend, as the pipeline's
+    P2P transfers); the best round trip gives ``2 * nbytes / seconds``. The result is broadcast, so every
+    rank returns the same value. With one rank there is no link: returns ``inf``.
+
+    Raises:
+        ValueError: If ``nbytes < 4`` or ``repeats < 1``.
+    """
+    import torch.distributed as dist
+
+    if nbytes < 4 or repeats < 1:
+        raise ValueError(f"measure_bandwidth: need nbytes >= 4 and repeats >= 1 (got {nbytes}, {repeats}).")
+    world = dist.get_world_size(group)
+    if world < 2:
+        return float("inf")
+    rank = dist.get_rank(group)
+    peer = lambda r: dist.get_global_rank(group, r) if group is not None else r  # noqa: E731
+    buf = torch.zeros(nbytes // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        if rank == 0:
+            dist.send(buf, peer(1), group=group)
+            dist.recv(buf, peer(1), group=group)
+        elif rank == 1:
+            dist.recv(buf, peer(0), group=group)
+            dist.send(buf, peer(0), group=group)
+        best = min(best, time.perf_counter() - start)
+    result = torch.tensor([2 * (nbytes // 4) * 4 / best if rank == 0 else 0.0], dtype=torch.float64)
+    dist.broadcast(result, peer(0), group=group)
+    return float(result)
 
 
 def measure_layer_seconds(blocks: Sequence[nn.Module], x: Tensor, edge_index: Tensor, repeats: int = 3) -> List[float]:
