@@ -108,7 +108,9 @@ class NodeClassifier(LightningModule):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="Cora", choices=["Cora", "CiteSeer"])
-    p.add_argument("--devices", type=int, default=2, help="processes = pipeline stages; 1 = plain Trainer")
+    p.add_argument("--devices", type=int, default=2, help="processes = stages x partitions; 1 = plain Trainer")
+    p.add_argument("--graph-parallel-size", type=int, default=1,
+                   help="G graph partitions (hybrid parallelism: devices / G stages); 1 = pure GNNPipe")
     p.add_argument("--num-chunks", type=int, default=8, help="graph chunks K (pipeline micro-batches)")
     p.add_argument("--schedule", default="gpipe", choices=["gpipe"])
     p.add_argument("--layers", type=int, default=8)
@@ -121,13 +123,14 @@ def main() -> None:
 
     seed_everything(args.seed, workers=True)
     data = load_planetoid(args.dataset)
-    dm = GraphChunkDataModule(data, num_chunks=args.num_chunks)
+    dm = GraphChunkDataModule(data, num_chunks=args.num_chunks, num_parts=args.graph_parallel_size)
     module = NodeClassifier(data.num_features, int(data.y.max()) + 1, hidden=args.hidden,
                             num_layers=args.layers, lr=args.lr)
     name = f"{args.dataset.lower()}_gnnpipe" if args.devices > 1 else f"{args.dataset.lower()}_single"
     logger = TensorBoardLogger(args.logdir, name=name)
     ckpt = ModelCheckpoint(dirpath=os.path.join(logger.log_dir, "checkpoints"), save_last=True)
-    strategy = GNNPipeStrategy(schedule=args.schedule) if args.devices > 1 else "auto"
+    strategy = GNNPipeStrategy(schedule=args.schedule, graph_parallel_size=args.graph_parallel_size) \
+        if args.devices > 1 else "auto"
     trainer = Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_epochs=args.epochs,
                       logger=logger, callbacks=[ckpt], log_every_n_steps=1, enable_progress_bar=False)
     trainer.fit(module, datamodule=dm)
