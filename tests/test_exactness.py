@@ -47,6 +47,10 @@ def test_multi_stage_schedules_equal_sequential_reference(tmp_path, graph, sched
                 strategy=GNNPipeStrategy(schedule=schedule, stages_per_rank=2), epochs=EPOCHS)
     torch.testing.assert_close(losses(ranks[0]), ref, atol=1e-6, rtol=0)
     assert losses(ranks[1]) == losses(ranks[0])
+    # Every stage's P2P is counted; zbv passes stage 1 -> 2 inside rank 1 (no transfer): K chunks of M rows x 32.
+    crossings = 2 if schedule == "zbv" else 3
+    for kind in ("stage_activations", "stage_gradients"):
+        assert ranks[0][-1][f"comm/sent/{kind}"] == crossings * 4 * dm.plan.max_chunk_size * 32 * 4
 
 
 def test_every_stage_trains(tmp_path, graph):
