@@ -113,8 +113,8 @@ def test_multi_stage_checkpoint_and_exact_eval(tmp_path, graph):
     dm = GraphChunkDataModule(graph, num_chunks=4)
     module = ProbeGCN(16, 32, 4, 4)
     last = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_last=True)
-    trainer = _trainer(tmp_path, 3, strategy=GNNPipeStrategy(schedule="zbv", stages_per_rank=2), logger=False,
-                       callbacks=[last])
+    strategy = GNNPipeStrategy(schedule="zbv", stages_per_rank=2, save_history=True)
+    trainer = _trainer(tmp_path, 3, strategy=strategy, logger=False, callbacks=[last])
     trainer.fit(module, datamodule=dm)
     metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
 
@@ -126,3 +126,6 @@ def test_multi_stage_checkpoint_and_exact_eval(tmp_path, graph):
     opt_state = state["optimizer_states"][0]["state"]
     assert sorted(opt_state) == list(range(len(list(plain.parameters()))))  # every stage's Adam state
     assert all(int(s["step"]) == 3 for s in opt_state.values())
+    saved = state["gnnpipe"]  # both stages of each rank: their layers and their history tables
+    assert saved["layers"] == [[0, 3], [1, 2]]
+    assert {k: tuple(v.shape) for k, v in saved["history"].items()} == {k: (graph.num_nodes, 32) for k in (1, 2, 3)}
