@@ -210,7 +210,6 @@ class GNNPipeStrategy(ParallelStrategy):
         self._stages: List[GNNStage] = []  # this rank's stages, in pipeline order
         self._stage_ids: List[int] = []  # their (virtual) stage indices
         self._stage_rank: List[int] = []  # rank (position in the pipeline) of every stage
-        self._virtual_layers: List[List[int]] = []  # layers of every stage (S * v lists)
         self._schedule = None
         self._loss: Optional[PipelineLoss] = None
         self._grads: List[tuple] = []
@@ -402,7 +401,7 @@ class GNNPipeStrategy(ParallelStrategy):
         self._stage_ids = [i for i, r in enumerate(ranks) if r == self.stage_index]
         layers = self._layers = [[layer for i, r in enumerate(ranks) if r == s for layer in virtual[i]]
                                  for s in range(self.num_stages)]
-        self._virtual_layers, self._stage_rank = virtual, ranks
+        self._stage_rank = ranks
         self._owners = tensor_owners(stack.blocks, layers)
         rank_zero_info(f"GNNPipeStrategy: stage -> layers {virtual}" + (
             f", rank -> stages {[[i for i, r in enumerate(ranks) if r == s] for s in range(self.num_stages)]}"
@@ -581,8 +580,8 @@ class GNNPipeStrategy(ParallelStrategy):
                                      dtype=self._data_dtype)
             dist.broadcast(logits, src=self._rank_of(self.last_stage_rank), group=self._pp_group)
             if self.graph_parallel_size > 1:
-                all_reduce_grads([p for st in self._stages for p in st.parameters()], self.comm_stats, self.graph_parallel_size,
-                                 self._gp_group)
+                all_reduce_grads([p for st in self._stages for p in st.parameters()], self.comm_stats,
+                                 self.graph_parallel_size, self._gp_group)
             self._recorder.end()
             self.comm_stats.record_broadcast("logits", logits, self.last_stage_rank, self.stage_index, self.num_stages)
             self.comm_metrics = log_comm(lm, self.comm_stats)
