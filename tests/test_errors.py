@@ -6,8 +6,9 @@ from lightning.pytorch import Trainer
 from torch_geometric.nn import SGConv
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, find_layer_stack
+from lightning_gnnpipe.pipeline.schedule import SCHEDULES, check_schedule
 from lightning_gnnpipe.pipeline.split import split_layers
-from tests.helpers import GCNModule, sbm_graph
+from tests.helpers import ChunkLossGCN, GCNModule, sbm_graph
 
 
 @pytest.fixture()
@@ -48,8 +49,66 @@ def test_bad_num_chunks(graph, num_chunks, error):
 
 
 def test_unknown_schedule():
-    with pytest.raises(ValueError, match=r"unknown `schedule` 'zb'. Valid schedules: \['1f1b', 'gpipe'\]"):
+    with pytest.raises(ValueError, match=r"unknown `schedule` 'zb'. Valid schedules: \['1f1b', 'gpipe', "
+                                         r"'interleaved_1f1b', 'interleaved_zb', 'looped_bfs', 'zbv'\]"):
         GNNPipeStrategy(schedule="zb")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(schedule="gpipe", stages_per_rank=2), r"'gpipe' runs one stage per rank, so `stages_per_rank` must be 1 "
+                                                r"\(got stages_per_rank=2\)"),
+    (dict(schedule="1f1b", stages_per_rank=3), r"must be 1 \(got stages_per_rank=3\)"),
+    (dict(schedule="interleaved_1f1b"), r"'interleaved_1f1b' runs several stages per rank, so `stages_per_rank` "
+                                        r"must be at least 2 \(got stages_per_rank=1\)"),
+    (dict(schedule="looped_bfs", stages_per_rank=1), r"at least 2 \(got stages_per_rank=1\)"),
+    (dict(schedule="zbv", stages_per_rank=3), r"'zbv' places exactly 2 stages on each rank .* must be 2 "
+                                              r"\(got stages_per_rank=3\)"),
+    (dict(schedule="interleaved_zb", stages_per_rank=0), r"`stages_per_rank` must be an int >= 1 \(got 0\)"),
+    (dict(schedule="interleaved_zb", stages_per_rank=2, halo_gradients="stale"),
+     r"`halo_gradients='stale'` is not supported with the multi-stage schedule 'interleaved_zb'"),
+    (dict(schedule="zbv", stages_per_rank=2, graph_parallel_size=2),
+     r"multi-stage schedule 'zbv' is not supported with hybrid parallelism \(got graph_parallel_size=2\)"),
+])
+def test_bad_stages_per_rank(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GNNPipeStrategy(**kwargs)
+
+
+def test_more_virtual_stages_than_layers(graph):
+    with pytest.raises(ValueError, match=r"the model has 4 layers but 2 devices x 3 `stages_per_rank` = 6 virtual "
+                                         r"stages"):
+        _fit(ChunkLossGCN(16, 8, 4, 4), GraphChunkDataModule(graph, num_chunks=4), schedule="looped_bfs",
+             stages_per_rank=3)
+
+
+def test_multi_stage_schedules_need_valid_chunks_and_a_chunk_loss(graph):
+    with pytest.raises(ValueError, match=r"'interleaved_1f1b' runs the `num_chunks` micro-batches in "
+                                         r"max\(1, K // S\) = 2 rounds, so K must be a multiple of 2 "
+                                         r"\(got num_chunks=5, num_stages=2\)"):
+        _fit(ChunkLossGCN(16, 8, 4, 4), GraphChunkDataModule(graph, num_chunks=5), schedule="interleaved_1f1b",
+             stages_per_rank=2)
+    with pytest.raises(ValueError, match="pipeline_chunk_loss"):
+        _fit(GCNModule(16, 8, 4, 4), GraphChunkDataModule(graph, num_chunks=4), schedule="zbv", stages_per_rank=2)
+
+
+@pytest.mark.parametrize("name", ["interleaved_1f1b", "interleaved_zb", "looped_bfs", "zbv"])
+def test_chunk_rule_is_torchs(name):
+    # check_schedule accepts exactly the K for which torch builds the schedule (S = 2, 3, 4; v = 2).
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+    for stages in (2, 3, 4):
+        for chunks in range(1, 10):
+            try:
+                get_schedule_ops(SCHEDULES[name], stages, chunks, 2)
+                torch_ok = True
+            except ValueError:
+                torch_ok = False
+            try:
+                check_schedule(name, chunks, stages, 2)
+                ours = True
+            except ValueError:
+                ours = False
+            assert ours == torch_ok, (name, stages, chunks)
 
 
 def test_more_stages_than_layers(graph):

@@ -38,6 +38,21 @@ def test_four_chunks_equal_sequential_reference(tmp_path, graph, stages, schedul
         assert losses(r) == losses(ranks[-1])
 
 
+@pytest.mark.parametrize("schedule", ["interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv"])
+def test_multi_stage_schedules_equal_sequential_reference(tmp_path, graph, schedule):
+    # S = 2 ranks x v = 2 stages per rank: 4 one-layer stages (zbv: the last one on rank 0), K = 4.
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+    ref = chunked_reference(ChunkLossGCN(16, 32, 4, 4), graph, dm.plan, EPOCHS)
+    ranks = fit(str(tmp_path), ChunkLossGCN(16, 32, 4, 4), dm, devices=2,
+                strategy=GNNPipeStrategy(schedule=schedule, stages_per_rank=2), epochs=EPOCHS)
+    torch.testing.assert_close(losses(ranks[0]), ref, atol=1e-6, rtol=0)
+    assert losses(ranks[1]) == losses(ranks[0])
+    # Every stage's P2P is counted; zbv passes stage 1 -> 2 inside rank 1 (no transfer): K chunks of M rows x 32.
+    crossings = 2 if schedule == "zbv" else 3
+    for kind in ("stage_activations", "stage_gradients"):
+        assert ranks[0][-1][f"comm/sent/{kind}"] == crossings * 4 * dm.plan.max_chunk_size * 32 * 4
+
+
 def test_every_stage_trains(tmp_path, graph):
     dm = GraphChunkDataModule(graph, num_chunks=4)
     module = GCNModule(16, 32, 4, 4)

@@ -4,7 +4,8 @@
 ``dist.P2POp`` in ``get_fwd_send_ops`` / ``get_bwd_send_ops`` (and the matching ``*_recv_ops``)
 of the stage, and the schedule runs them. Wrapping those four methods of *this* stage object
 counts exactly the tensors that cross the boundary. Wrapping ``forward_one_chunk``,
-``backward_one_chunk`` and the schedule's loss call gives a timeline of compute events; what is
+``backward_one_chunk`` (and ``backward_weight_one_chunk``, the zero-bubble schedules' weight pass) and
+the schedule's loss call gives a timeline of compute events; what is
 left of the step is time spent blocked on the neighbours:
 
 * bubble (fill and drain): the gap before the first forward, the gap before the first
@@ -28,7 +29,8 @@ class PipelineRecorder:
     """Instrument one rank's ``PipelineStage`` and schedule; fill a :class:`CommStats` per step.
 
     Args:
-        schedule: A single-stage schedule (``ScheduleGPipe``, ``Schedule1F1B``).
+        schedule: A single-stage schedule (``ScheduleGPipe``, ``Schedule1F1B``: ``schedule._stage``) or a
+            multi-stage one (interleaved, looped BFS, zero bubble: every stage of ``schedule._stages``).
         stats: The object to fill; :meth:`begin` resets it.
     """
 
@@ -36,12 +38,14 @@ class PipelineRecorder:
         self.stats = stats
         self.events: List[Tuple[str, float, float]] = []
         self._t0 = 0.0
-        stage = schedule._stage
-        for name, kind in (("get_fwd_send_ops", "stage_activations"), ("get_fwd_recv_ops", "stage_activations"),
-                           ("get_bwd_send_ops", "stage_gradients"), ("get_bwd_recv_ops", "stage_gradients")):
-            setattr(stage, name, self._counting(getattr(stage, name), kind))
-        stage.forward_one_chunk = self._timed(stage.forward_one_chunk, "fwd")
-        stage.backward_one_chunk = self._timed(stage.backward_one_chunk, "bwd")
+        stages = list(schedule._stages) if hasattr(schedule, "_stages") else [schedule._stage]
+        for stage in stages:
+            for name, kind in (("get_fwd_send_ops", "stage_activations"), ("get_fwd_recv_ops", "stage_activations"),
+                               ("get_bwd_send_ops", "stage_gradients"), ("get_bwd_recv_ops", "stage_gradients")):
+                setattr(stage, name, self._counting(getattr(stage, name), kind))
+            stage.forward_one_chunk = self._timed(stage.forward_one_chunk, "fwd")
+            stage.backward_one_chunk = self._timed(stage.backward_one_chunk, "bwd")
+            stage.backward_weight_one_chunk = self._timed(stage.backward_weight_one_chunk, "bwd")
         schedule._maybe_compute_loss = self._timed(schedule._maybe_compute_loss, "loss")
 
     def _counting(self, method: Callable, kind: str) -> Callable:

@@ -1,82 +1,175 @@
-"""Build the ``torch.distributed.pipelining`` stage and schedule for one rank.
+"""Build the ``torch.distributed.pipelining`` stages and schedule for one rank.
 
 Source: PyTorch docs, "Pipeline Parallelism" (``torch.distributed.pipelining``), torch 2.13.
 Shapes are given up front (STATIC mode), so no shape-inference forward runs: that forward
 would feed uninitialised buffers to the stateful stage and write them into its tables.
+
+Single-stage schedules (``"gpipe"``, ``"1f1b"``) put one stage on each of the ``S`` ranks.
+Multi-stage schedules cut the layers into ``S * v`` *virtual* stages, ``v`` per rank
+(``stages_per_rank``): loop placement (virtual stage ``i`` on rank ``i % S``; interleaved 1F1B,
+arXiv 2104.04473; looped BFS, arXiv 2211.05953; interleaved zero bubble, arXiv 2401.10241) or the
+V shape of ZB-V (rank ``r`` holds ``r`` and ``2S - 1 - r``, arXiv 2401.10241 Sec. 6).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+                                          ScheduleInterleavedZeroBubble, ScheduleLoopedBFS, ScheduleZBVZeroBubble)
 
-SCHEDULES: Dict[str, type] = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+SINGLE_STAGE_SCHEDULES: Dict[str, type] = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+"""One stage per rank (``stages_per_rank=1``)."""
+
+MULTI_STAGE_SCHEDULES: Dict[str, type] = {
+    "interleaved_1f1b": ScheduleInterleaved1F1B,
+    "looped_bfs": ScheduleLoopedBFS,
+    "interleaved_zb": ScheduleInterleavedZeroBubble,
+    "zbv": ScheduleZBVZeroBubble,
+}
+"""Several (virtual) stages per rank (``stages_per_rank >= 2``; ``"zbv"``: exactly 2)."""
+
+SCHEDULES: Dict[str, type] = {**SINGLE_STAGE_SCHEDULES, **MULTI_STAGE_SCHEDULES}
 """Schedule names accepted by :class:`~lightning_gnnpipe.GNNPipeStrategy`."""
 
+_ROUNDS_RULE = ("interleaved_1f1b", "interleaved_zb")
 
-def check_schedule(name: object, num_chunks: Optional[int] = None, num_stages: Optional[int] = None) -> str:
-    """Validate a schedule name and, when given, its chunk/stage counts.
+
+def is_multi_stage(schedule: str) -> bool:
+    """Return whether ``schedule`` runs several stages per rank."""
+    return schedule in MULTI_STAGE_SCHEDULES
+
+
+def check_schedule(name: object, num_chunks: Optional[int] = None, num_stages: Optional[int] = None,
+                   stages_per_rank: int = 1) -> str:
+    """Validate a schedule name, its ``stages_per_rank`` and, when given, its chunk/stage counts.
+
+    The chunk rules are torch's own (2.13): ``Schedule1F1B`` needs ``K >= S``; interleaved 1F1B and
+    interleaved zero bubble split the ``K`` micro-batches into ``max(1, K // S)`` rounds and need ``K``
+    to be a multiple of that (so any multiple of ``S`` works, and so does any ``K <= S``); GPipe,
+    looped BFS and ZB-V take any ``K >= 1``.
+
+    Args:
+        name: The schedule name.
+        num_chunks: ``K`` micro-batches per step (per pipeline under hybrid parallelism).
+        num_stages: ``S``, ranks per pipeline.
+        stages_per_rank: ``v``, virtual stages per rank.
 
     Raises:
-        ValueError: Unknown name, or ``1f1b`` with fewer chunks than stages.
+        ValueError: Unknown name; ``v != 1`` with a single-stage schedule, ``v < 2`` with a
+            multi-stage one, ``v != 2`` with ``"zbv"``; ``K`` not valid for the schedule.
     """
     if name not in SCHEDULES:
         raise ValueError(
             f"GNNPipeStrategy: unknown `schedule` {name!r}. Valid schedules: {sorted(SCHEDULES)}."
         )
-    if name == "1f1b" and num_chunks is not None and num_stages is not None and num_chunks < num_stages:
+    v = stages_per_rank
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"GNNPipeStrategy: `stages_per_rank` must be an int >= 1 (got {v!r}).")
+    if name in SINGLE_STAGE_SCHEDULES and v != 1:
+        raise ValueError(
+            f"GNNPipeStrategy: schedule {name!r} runs one stage per rank, so `stages_per_rank` must be 1 "
+            f"(got stages_per_rank={v}). Use stages_per_rank=1, or a multi-stage schedule "
+            f"{sorted(MULTI_STAGE_SCHEDULES)}."
+        )
+    if name == "zbv" and v != 2:
+        raise ValueError(
+            f"GNNPipeStrategy: schedule 'zbv' places exactly 2 stages on each rank (a V shape), so "
+            f"`stages_per_rank` must be 2 (got stages_per_rank={v}). Use stages_per_rank=2."
+        )
+    if name in MULTI_STAGE_SCHEDULES and v < 2:
+        raise ValueError(
+            f"GNNPipeStrategy: schedule {name!r} runs several stages per rank, so `stages_per_rank` must be "
+            f"at least 2 (got stages_per_rank={v}). Use stages_per_rank=2 or more, or schedule 'gpipe'/'1f1b'."
+        )
+    if num_chunks is None or num_stages is None:
+        return str(name)
+    if name == "1f1b" and num_chunks < num_stages:
         raise ValueError(
             f"GNNPipeStrategy: `num_chunks` ({num_chunks}) must be at least `num_stages` ({num_stages}) "
             "for schedule '1f1b'. Use more chunks or 'gpipe'."
         )
+    rounds = max(1, num_chunks // num_stages)
+    if name in _ROUNDS_RULE and num_chunks % rounds:
+        raise ValueError(
+            f"GNNPipeStrategy: schedule {name!r} runs the `num_chunks` micro-batches in max(1, K // S) = {rounds} "
+            f"rounds, so K must be a multiple of {rounds} (got num_chunks={num_chunks}, num_stages={num_stages}). "
+            f"Use a multiple of the number of stages, e.g. num_chunks={rounds * num_stages}."
+        )
     return str(name)
 
 
+def stage_ranks(schedule: str, num_stages: int, stages_per_rank: int = 1) -> List[int]:
+    """Return the rank (position in the pipeline) of every virtual stage.
+
+    Args:
+        schedule: A key of :data:`SCHEDULES`.
+        num_stages: ``S``, ranks per pipeline.
+        stages_per_rank: ``v``.
+
+    Returns:
+        ``S * v`` ranks: ``i % S`` (loop placement), or for ``"zbv"`` ``i`` for ``i < S`` and
+        ``2S - 1 - i`` after (V shape, so the last stage is on rank 0).
+    """
+    total = num_stages * stages_per_rank
+    if schedule == "zbv":
+        return [i if i < num_stages else total - 1 - i for i in range(total)]
+    return [i % num_stages for i in range(total)]
+
+
 def build_schedule(
-    module: nn.Module,
-    stage_index: int,
+    modules: Sequence[nn.Module],
+    stage_indices: Sequence[int],
     num_stages: int,
     device: torch.device,
     rows: int,
-    in_channels: Sequence[int],
-    out_channels: Sequence[int],
+    in_channels: Sequence[Sequence[int]],
+    out_channels: Sequence[Sequence[int]],
     schedule: str,
     num_chunks: int,
     loss_fn: Optional[Callable],
     group=None,
-    in_dtype: torch.dtype = torch.float32,
-    out_dtype: torch.dtype = torch.float32,
-) -> PipelineScheduleSingle:
-    """Wrap ``module`` in a :class:`PipelineStage` with static shapes and build its schedule.
+    in_dtypes: Optional[Sequence[torch.dtype]] = None,
+    out_dtypes: Optional[Sequence[torch.dtype]] = None,
+):
+    """Wrap each local stage module in a :class:`PipelineStage` with static shapes; build the schedule.
 
     Args:
-        module: The stage module (``forward(h, chunk_id)``).
-        stage_index: This rank's stage ``s``.
-        num_stages: ``S``.
-        device: Where the stage runs.
+        modules: This rank's stage modules (``forward(h, chunk_id)``), in virtual-stage order.
+        stage_indices: Their (virtual) stage indices.
+        num_stages: All (virtual) stages of the pipeline, ``S * v``.
+        device: Where the stages run.
         rows: ``M``, padded rows per micro-batch.
-        in_channels: Width of each tensor entering the stage.
-        out_channels: Width of each tensor leaving the stage.
+        in_channels: Per local stage, the width of each tensor entering it.
+        out_channels: Per local stage, the width of each tensor leaving it.
         schedule: A key of :data:`SCHEDULES`.
         num_chunks: ``K`` micro-batches per step.
-        loss_fn: The last stage's loss (``None`` elsewhere).
+        loss_fn: The loss (every rank passes one: the schedules run backwards only when it is set).
         group: Process group of the pipeline (default: world).
-        in_dtype: Dtype of the tensors entering the stage (P2P receive buffers).
-        out_dtype: Dtype of the tensors leaving the stage (the module must return this dtype).
+        in_dtypes: Per local stage, the dtype of the tensors entering it (default float32).
+        out_dtypes: Per local stage, the dtype leaving it (the module must return this dtype).
+
+    Returns:
+        A single-stage schedule (``schedule._stage``) or a multi-stage one (``schedule._stages``).
     """
-    stage = PipelineStage(
-        module,
-        stage_index,
-        num_stages,
-        device,
-        input_args=tuple(torch.empty(rows, d, device=device, dtype=in_dtype, requires_grad=stage_index > 0)
-                         for d in in_channels),
-        output_args=tuple(torch.empty(rows, d, device=device, dtype=out_dtype, requires_grad=True)
-                          for d in out_channels),
-        group=group,
-    )
-    return SCHEDULES[schedule](stage, n_microbatches=num_chunks, loss_fn=loss_fn, scale_grads=False)
+    stages = []
+    for j, (module, index) in enumerate(zip(modules, stage_indices)):
+        in_dtype = in_dtypes[j] if in_dtypes is not None else torch.float32
+        out_dtype = out_dtypes[j] if out_dtypes is not None else torch.float32
+        stages.append(PipelineStage(
+            module,
+            index,
+            num_stages,
+            device,
+            input_args=tuple(torch.empty(rows, d, device=device, dtype=in_dtype, requires_grad=index > 0)
+                             for d in in_channels[j]),
+            output_args=tuple(torch.empty(rows, d, device=device, dtype=out_dtype, requires_grad=True)
+                              for d in out_channels[j]),
+            group=group,
+        ))
+    cls = SCHEDULES[schedule]
+    if schedule in SINGLE_STAGE_SCHEDULES:
+        return cls(stages[0], n_microbatches=num_chunks, loss_fn=loss_fn, scale_grads=False)
+    return cls(stages, n_microbatches=num_chunks, loss_fn=loss_fn, scale_grads=False)

@@ -19,7 +19,7 @@ reads it. Saving is a collective (every rank sends its part to rank 0); loading 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -54,14 +54,15 @@ def _rng_from_plain(states: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def gather_pipeline_state(
-    stage: GNNStage, plan: ChunkPlan, layers: List[List[int]], rank: int, save_history: bool, group: Any = None
+    stage: Union[GNNStage, Sequence[GNNStage]], plan: ChunkPlan, layers: List[List[int]], rank: int,
+    save_history: bool, group: Any = None
 ) -> Optional[Dict[str, Any]]:
     """Collect the pipeline's state of all ranks on rank 0 (a collective: call it on every rank).
 
     Args:
-        stage: This rank's stage.
+        stage: This rank's stage, or its stages (several per rank under multi-stage schedules).
         plan: The chunk plan of the run.
-        layers: Layer indices of every stage, ``S`` lists.
+        layers: Layer indices of every rank, ``S`` lists.
         rank: This rank (= stage index).
         save_history: Whether to include the history tables (``|V| x d`` floats per layer).
         group: The pipeline's process group (hybrid parallelism; default: world). Each pipeline gathers on its
@@ -70,9 +71,10 @@ def gather_pipeline_state(
     Returns:
         On rank 0 the dict stored under :data:`CHECKPOINT_KEY`; ``None`` on other ranks.
     """
+    stages = [stage] if isinstance(stage, GNNStage) else list(stage)
     local = {
         "rng": _rng_to_plain(_collect_rng_states()),
-        "history": {int(k): t.emb.detach().cpu().clone() for k, t in stage.histories.items()}
+        "history": {int(k): t.emb.detach().cpu().clone() for st in stages for k, t in st.histories.items()}
         if save_history else None,
     }
     parts: Optional[List[Any]] = [None] * len(layers) if rank == 0 else None

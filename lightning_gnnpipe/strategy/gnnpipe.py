@@ -39,7 +39,7 @@ from lightning_gnnpipe.nn.stack import LayerStack, infer_dims, takes_x0
 from lightning_gnnpipe.pipeline.balance import check_balance, stage_layers
 from lightning_gnnpipe.pipeline.graph import build_chunk_graph
 from lightning_gnnpipe.pipeline.loss import PipelineLoss, chunk_has_labels
-from lightning_gnnpipe.pipeline.schedule import build_schedule, check_schedule
+from lightning_gnnpipe.pipeline.schedule import build_schedule, check_schedule, is_multi_stage, stage_ranks
 from lightning_gnnpipe.pipeline.stage import GNNStage
 from lightning_gnnpipe.strategy.checkpoint import CHECKPOINT_KEY, gather_pipeline_state, restore_history, restore_rng
 from lightning_gnnpipe.strategy.checks import CHUNK_LOSS_HOOK, check_layout, check_stage_widths
@@ -58,7 +58,7 @@ def _not_last_stage(*_: Any) -> Tensor:
 
 
 class GNNPipeStrategy(ParallelStrategy):
-    """Train a GNN with its layers cut into pipeline stages, one stage per process.
+    """Train a GNN with its layers cut into pipeline stages, one stage per process (or several).
 
     The ``L`` layer blocks of the model (found automatically in a PyG ``BasicGNN``, or
     declared with ``pipeline_blocks()``) are cut into ``S = devices`` stages of consecutive
@@ -76,7 +76,12 @@ class GNNPipeStrategy(ParallelStrategy):
 
     Args:
         schedule: ``"gpipe"`` (default; exact for any ``training_step`` loss) or ``"1f1b"``
-            (needs ``pipeline_chunk_loss`` on the module, see ``docs/quickstart.md``).
+            (needs ``pipeline_chunk_loss`` on the module, see ``docs/quickstart.md``); with
+            ``stages_per_rank >= 2``: ``"interleaved_1f1b"``, ``"looped_bfs"``, ``"interleaved_zb"`` or
+            ``"zbv"`` (also need ``pipeline_chunk_loss``; see ``docs/choosing.md``).
+        stages_per_rank: ``v``, virtual stages per process. The ``L`` layers are cut into ``S * v``
+            stages; virtual stage ``i`` runs on rank ``i % S`` (loop placement), or for ``"zbv"`` (``v = 2``)
+            rank ``r`` runs stages ``r`` and ``2S - 1 - r`` (V shape). Default 1 (one stage per process).
         refresh_on_start: Fill the history tables with an exact forward at the start of fit (and
             of a resumed fit), instead of starting from zeros. On resume from a checkpoint that
             holds the tables, they are loaded instead (no refresh).
@@ -111,7 +116,9 @@ class GNNPipeStrategy(ParallelStrategy):
             chunk per partition is exact graph parallelism.
 
     Raises:
-        ValueError: Unknown ``schedule``, ``balance`` or ``start_method``, bad ``profile_epoch`` (here); bad
+        ValueError: Unknown ``schedule``, ``balance`` or ``start_method``, bad ``profile_epoch``, a
+            ``stages_per_rank`` the schedule does not take, a multi-stage schedule with
+            ``halo_gradients="stale"`` or ``graph_parallel_size > 1`` (here); bad
             layouts or a precision other than ``"32-true"`` / ``"bf16-mixed"`` before the process group
             starts (see :func:`~lightning_gnnpipe.strategy.checks.check_layout` and
             :func:`~lightning_gnnpipe.strategy.precision.check_precision`).
@@ -136,6 +143,7 @@ class GNNPipeStrategy(ParallelStrategy):
         start_method: Literal["spawn", "popen"] = "spawn",
         process_group_backend: Optional[str] = None,
         graph_parallel_size: int = 1,
+        stages_per_rank: int = 1,
         accelerator=None,
         parallel_devices: Optional[List[torch.device]] = None,
         cluster_environment: Optional[ClusterEnvironment] = None,
@@ -149,7 +157,8 @@ class GNNPipeStrategy(ParallelStrategy):
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
         )
-        self.schedule_name = check_schedule(schedule)
+        self.schedule_name = check_schedule(schedule, stages_per_rank=stages_per_rank)
+        self.stages_per_rank = stages_per_rank
         if start_method not in ("spawn", "popen"):
             raise ValueError(f"GNNPipeStrategy: `start_method` must be 'spawn' or 'popen' (got {start_method!r}).")
         self.refresh_on_start = refresh_on_start
@@ -172,6 +181,18 @@ class GNNPipeStrategy(ParallelStrategy):
                 "GNNPipeStrategy: `halo_gradients='stale'` is not supported with `graph_parallel_size` > 1 "
                 f"(got graph_parallel_size={graph_parallel_size}). Use halo_gradients='detach'."
             )
+        if is_multi_stage(self.schedule_name) and halo_gradients != "detach":
+            raise ValueError(
+                f"GNNPipeStrategy: `halo_gradients='stale'` is not supported with the multi-stage schedule "
+                f"{self.schedule_name!r} (got halo_gradients={halo_gradients!r}). Use halo_gradients='detach', or "
+                "schedule 'gpipe'/'1f1b'."
+            )
+        if is_multi_stage(self.schedule_name) and graph_parallel_size > 1:
+            raise ValueError(
+                f"GNNPipeStrategy: the multi-stage schedule {self.schedule_name!r} is not supported with hybrid "
+                f"parallelism (got graph_parallel_size={graph_parallel_size}). Use graph_parallel_size=1, or "
+                "schedule 'gpipe'/'1f1b'."
+            )
         self.graph_parallel_size = graph_parallel_size
         self._pp_group: Any = None  # this rank's pipeline (S ranks); None = world
         self._gp_group: Any = None  # this rank's stage group (G ranks); None without hybrid
@@ -186,12 +207,14 @@ class GNNPipeStrategy(ParallelStrategy):
         self._process_group_backend = process_group_backend
         self._num_nodes = 1
         self._stack: Optional[LayerStack] = None
-        self._stage: Optional[GNNStage] = None
+        self._stages: List[GNNStage] = []  # this rank's stages, in pipeline order
+        self._stage_ids: List[int] = []  # their (virtual) stage indices
+        self._stage_rank: List[int] = []  # rank (position in the pipeline) of every stage
         self._schedule = None
         self._loss: Optional[PipelineLoss] = None
         self._grads: List[tuple] = []
         self._owners: Dict[int, int] = {}
-        self._layers: List[List[int]] = []
+        self._layers: List[List[int]] = []  # layers of every rank of the pipeline (S lists)
         self.comm_stats = CommStats()  # this rank's traffic in the last training step
         self.comm_metrics: Dict[str, float] = {}  # every rank's, as logged (comm/...)
 
@@ -239,8 +262,19 @@ class GNNPipeStrategy(ParallelStrategy):
         return self.partition_index * self.num_stages + stage
 
     @property
+    def num_virtual_stages(self) -> int:
+        """``S * v``: stages of the pipeline (``v = stages_per_rank`` per process)."""
+        return self.num_stages * self.stages_per_rank
+
+    @property
+    def last_stage_rank(self) -> int:
+        """``s`` of the rank running the pipeline's last stage (``S - 1``; 0 under ``"zbv"``)."""
+        return stage_ranks(self.schedule_name, self.num_stages, self.stages_per_rank)[-1]
+
+    @property
     def is_last_stage(self) -> bool:
-        return self.stage_index == self.num_stages - 1
+        """Whether this rank runs the pipeline's last stage (it computes the loss)."""
+        return self.stage_index == self.last_stage_rank
 
     @property
     def process_group_backend(self) -> Optional[str]:
@@ -327,7 +361,7 @@ class GNNPipeStrategy(ParallelStrategy):
                 f"num_parts={G})."
             )
         return check_layout(module, datamodule, self.num_stages, self.schedule_name, fitting=fitting,
-                            graph_parallel_size=G)
+                            graph_parallel_size=G, stages_per_rank=self.stages_per_rank)
 
     def setup(self, trainer: Trainer) -> None:
         assert self.accelerator is not None
@@ -361,30 +395,41 @@ class GNNPipeStrategy(ParallelStrategy):
     def _build(self, trainer: Trainer) -> None:
         stack, plan, data, x = self._prepare(trainer)
         device = self.root_device
-        layers = self._layers = stage_layers(self.balance, stack.blocks, self.num_stages, plan, data.edge_index, x)
+        # Layers of every (virtual) stage, S * v contiguous runs; stage i runs on rank ranks[i].
+        virtual = stage_layers(self.balance, stack.blocks, self.num_virtual_stages, plan, data.edge_index, x)
+        ranks = stage_ranks(self.schedule_name, self.num_stages, self.stages_per_rank)
+        self._stage_ids = [i for i, r in enumerate(ranks) if r == self.stage_index]
+        layers = self._layers = [[layer for i, r in enumerate(ranks) if r == s for layer in virtual[i]]
+                                 for s in range(self.num_stages)]
+        self._stage_rank = ranks
         self._owners = tensor_owners(stack.blocks, layers)
-        mine = layers[self.stage_index]
-        rank_zero_info(f"GNNPipeStrategy: stage -> layers {layers}; {plan.num_chunks} chunks of "
-                       f"{min(plan.chunk_sizes)}-{plan.max_chunk_size} nodes, edge cut {plan.edge_cut:.3f}")
-        blocks = [stack.blocks[i] for i in mine]
-        graph = build_chunk_graph(plan, data.edge_index, blocks, device, dtype=x.dtype)
+        rank_zero_info(f"GNNPipeStrategy: stage -> layers {virtual}" + (
+            f", rank -> stages {[[i for i, r in enumerate(ranks) if r == s] for s in range(self.num_stages)]}"
+            if self.stages_per_rank > 1 else "") + f"; {plan.num_chunks} chunks of "
+            f"{min(plan.chunk_sizes)}-{plan.max_chunk_size} nodes, edge cut {plan.edge_cut:.3f}")
         G, g = self.graph_parallel_size, self.partition_index
         self._chunk_ids = list(range(g, plan.num_chunks, G))  # this pipeline's micro-batches, in order
-        exchange = None
-        if G > 1:
-            plans = [p.to(device) if p is not None else None for p in build_slot_plans(plan, G, g)]
-            exchange = StageExchange(plans, self._gp_group, self.comm_stats)
-            for block in blocks:  # every pipeline starts from the same weights (as DDP does)
-                for t in list(block.parameters()) + list(block.buffers()):
-                    dist.broadcast(t.data, src=self.stage_index, group=self._gp_group)
-        self._stage = GNNStage(blocks, mine, self._dims, graph, x=x if 0 in mine else None,
-                               history_momentum=self.history_momentum, halo_gradients=self.halo_gradients,
-                               carry_x0=any(takes_x0(b) for b in stack.blocks), exchange=exchange)
-        check_stage_widths(self._stage.input_widths, self._stage.output_widths, self._pp_group)
+        carry_x0 = any(takes_x0(b) for b in stack.blocks)
+        self._stages = []
+        for i in self._stage_ids:
+            blocks = [stack.blocks[layer] for layer in virtual[i]]
+            graph = build_chunk_graph(plan, data.edge_index, blocks, device, dtype=x.dtype)
+            exchange = None
+            if G > 1:  # one stage per rank (multi-stage schedules are refused with G > 1)
+                plans = [p.to(device) if p is not None else None for p in build_slot_plans(plan, G, g)]
+                exchange = StageExchange(plans, self._gp_group, self.comm_stats)
+                for block in blocks:  # every pipeline starts from the same weights (as DDP does)
+                    for t in list(block.parameters()) + list(block.buffers()):
+                        dist.broadcast(t.data, src=self.stage_index, group=self._gp_group)
+            self._stages.append(GNNStage(blocks, virtual[i], self._dims, graph, x=x if 0 in virtual[i] else None,
+                                         history_momentum=self.history_momentum, halo_gradients=self.halo_gradients,
+                                         carry_x0=carry_x0, exchange=exchange))
+        check_stage_widths({i: (st.input_widths, st.output_widths) for i, st in zip(self._stage_ids, self._stages)},
+                           self._pp_group)
         self._stale_stats = trainer.datamodule.stale_read_stats()
         self._num_nodes_graph = plan.num_nodes
         self._x_pad = None
-        if self.stage_index == 0:
+        if 0 in self._stage_ids:
             m = plan.max_chunk_size
             self._x_pad = plan.pad(data.x).view(plan.num_chunks, m, -1)[self._chunk_ids].reshape(
                 len(self._chunk_ids) * m, -1).to(device)
@@ -393,18 +438,22 @@ class GNNPipeStrategy(ParallelStrategy):
         if trainer.state.fn == TrainerFn.FITTING:
             mode = "deferred" if self.schedule_name == "gpipe" else "chunk"
             gather = self._gather_logits if G > 1 else None
-            self._loss = PipelineLoss(graph, plan.num_nodes, mode, chunks=self._chunk_ids,
-                                      gather=gather) if self.is_last_stage else None
-            in_dtype = self._data_dtype if self.stage_index == 0 else self._boundary_dtype
-            out_dtype = self._data_dtype if self.is_last_stage else self._boundary_dtype
-            module = self._stage if self._boundary_dtype == self._data_dtype else \
-                BoundaryCast(self._stage, self._data_dtype, out_dtype)
+            last = self.num_virtual_stages - 1
+            self._loss = PipelineLoss(self._stages[-1].graph, plan.num_nodes, mode, chunks=self._chunk_ids,
+                                      gather=gather) if last in self._stage_ids else None
+            modules, in_dtypes, out_dtypes = [], [], []
+            for i, stage in zip(self._stage_ids, self._stages):
+                in_dtypes.append(self._data_dtype if i == 0 else self._boundary_dtype)
+                out_dtypes.append(self._data_dtype if i == last else self._boundary_dtype)
+                modules.append(stage if self._boundary_dtype == self._data_dtype else
+                               BoundaryCast(stage, self._data_dtype, out_dtypes[-1]))
             self._schedule = build_schedule(
-                module, self.stage_index, self.num_stages, device, plan.max_chunk_size,
-                self._stage.input_widths, self._stage.output_widths, self.schedule_name, len(self._chunk_ids),
+                modules, self._stage_ids, self.num_virtual_stages, device, plan.max_chunk_size,
+                [st.input_widths for st in self._stages], [st.output_widths for st in self._stages],
+                self.schedule_name, len(self._chunk_ids),
                 # Every rank must pass a loss_fn: the schedules run backwards only when one is set.
                 self._loss if self._loss is not None else _not_last_stage,
-                group=self._pp_group, in_dtype=in_dtype, out_dtype=out_dtype,
+                group=self._pp_group, in_dtypes=in_dtypes, out_dtypes=out_dtypes,
             )
             self._recorder = PipelineRecorder(self._schedule, self.comm_stats)
 
@@ -420,25 +469,35 @@ class GNNPipeStrategy(ParallelStrategy):
     # ------------------------------------------------------------------ exact full-graph forward
     def _send_recv_full(self, h: Optional[Tensor], write_history: bool,
                         drift: Optional[Dict[int, float]] = None) -> Tensor:
-        """Exact layer-by-layer forward through all stages; return logits ``(|V|, C)`` on every rank."""
-        assert self._stage is not None
-        n, s = self._num_nodes_graph, self.stage_index
+        """Exact layer-by-layer forward through all stages; return logits ``(|V|, C)`` on every rank.
+
+        The stages run in pipeline order; an output goes by send/recv only when the next stage lives
+        on another rank (several stages per rank), else it is passed on in place.
+        """
+        assert self._stages
+        n, me, ranks = self._num_nodes_graph, self.stage_index, self._stage_rank
         device = self.root_device
-        if s == 0:
-            inputs = [self._stage.x]
-        else:
-            inputs = [torch.empty(n, d, device=device, dtype=self._boundary_dtype) for d in self._stage.input_widths]
-            for t in inputs:
-                dist.recv(t, src=self._rank_of(s - 1))
-            inputs = [t.to(self._data_dtype) for t in inputs]
-        outputs = self._stage.forward_full(*inputs, write_history=write_history, drift=drift)
-        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-        h = outputs[0].to(self._data_dtype)
+        outputs: tuple = ()
+        for i, stage in zip(self._stage_ids, self._stages):
+            if i == 0:
+                inputs = [stage.x]
+            elif ranks[i - 1] == me:  # the previous stage ran here: its outputs (as sent) are the inputs
+                inputs = [t.to(self._boundary_dtype).to(self._data_dtype) for t in outputs]
+            else:
+                inputs = [torch.empty(n, d, device=device, dtype=self._boundary_dtype) for d in stage.input_widths]
+                for t in inputs:
+                    dist.recv(t, src=self._rank_of(ranks[i - 1]))
+                inputs = [t.to(self._data_dtype) for t in inputs]
+            out = stage.forward_full(*inputs, write_history=write_history, drift=drift)
+            outputs = out if isinstance(out, tuple) else (out,)
+            if i == len(ranks) - 1:
+                h = outputs[0].to(self._data_dtype)
+            elif ranks[i + 1] != me:
+                for t in outputs:
+                    dist.send(t.to(self._boundary_dtype).contiguous(), dst=self._rank_of(ranks[i + 1]))
         if not self.is_last_stage:
-            for t in outputs:
-                dist.send(t.to(self._boundary_dtype).contiguous(), dst=self._rank_of(s + 1))
             h = torch.empty(n, self._dims[-1], device=device, dtype=self._data_dtype)
-        dist.broadcast(h, src=self._rank_of(self.num_stages - 1), group=self._pp_group)
+        dist.broadcast(h, src=self._rank_of(self.last_stage_rank), group=self._pp_group)
         return h
 
     def _gather_logits(self, partial: Tensor) -> Tensor:
@@ -454,9 +513,10 @@ class GNNPipeStrategy(ParallelStrategy):
         Returns:
             Drift ``||h_hist - h_exact|| / ||h_exact||`` per refreshed layer, gathered from all stages.
         """
-        assert self._stage is not None
-        flags = [(m, m.training) for m in self._stage.modules()]
-        self._stage.eval()
+        assert self._stages
+        flags = [(m, m.training) for stage in self._stages for m in stage.modules()]
+        for stage in self._stages:
+            stage.eval()
         drift: Dict[int, float] = {}
         try:
             self._send_recv_full(None, write_history=True, drift=drift)
@@ -469,7 +529,7 @@ class GNNPipeStrategy(ParallelStrategy):
 
     def _before_step(self) -> None:
         """Periodic refresh, halo-gradient epoch switch and staleness logging, once per epoch."""
-        assert self._stage is not None
+        assert self._stages
         lm = self.lightning_module
         epoch = lm.trainer.current_epoch
         log = dict(batch_size=1, on_step=False, on_epoch=True)
@@ -480,7 +540,8 @@ class GNNPipeStrategy(ParallelStrategy):
                 lm.log("gnnpipe/refresh_seconds", time.perf_counter() - start, **log)
                 for layer, value in sorted(drift.items()):
                     lm.log(f"gnnpipe/drift_layer{layer}", value, **log)
-        self._stage.next_epoch()
+        for stage in self._stages:
+            stage.next_epoch()
         if self.log_staleness:
             lm.log("gnnpipe/stale_edge_fraction", self._stale_stats[0], **log)
             lm.log("gnnpipe/stale_age_epochs", self._stale_stats[1], **log)
@@ -488,8 +549,8 @@ class GNNPipeStrategy(ParallelStrategy):
     def on_train_start(self) -> None:
         super().on_train_start()
         saved, self._resume_state = self._resume_state, None
-        restored = self._stage is not None and restore_history(
-            saved, self._stage, self.lightning_module.trainer.datamodule.plan)
+        plan = self.lightning_module.trainer.datamodule.plan
+        restored = bool(self._stages) and all([restore_history(saved, stage, plan) for stage in self._stages])
         if not restored and self.refresh_on_start:
             self.refresh_history()
 
@@ -502,7 +563,7 @@ class GNNPipeStrategy(ParallelStrategy):
             p.grad = None
         self._before_step()
         ids = torch.tensor(self._chunk_ids, device=self.root_device)
-        step_args = (self._x_pad,) if self.stage_index == 0 else ()
+        step_args = (self._x_pad,) if self._x_pad is not None else ()
         step_kwargs: Dict[str, Any] = {"chunk_id": ids}
         if self.is_last_stage:
             assert self._loss is not None
@@ -517,12 +578,12 @@ class GNNPipeStrategy(ParallelStrategy):
             else:
                 logits = torch.empty(self._num_nodes_graph, self._dims[-1], device=self.root_device,
                                      dtype=self._data_dtype)
-            dist.broadcast(logits, src=self._rank_of(self.num_stages - 1), group=self._pp_group)
+            dist.broadcast(logits, src=self._rank_of(self.last_stage_rank), group=self._pp_group)
             if self.graph_parallel_size > 1:
-                all_reduce_grads(list(self._stage.parameters()), self.comm_stats, self.graph_parallel_size,
-                                 self._gp_group)
+                all_reduce_grads([p for st in self._stages for p in st.parameters()], self.comm_stats,
+                                 self.graph_parallel_size, self._gp_group)
             self._recorder.end()
-            self.comm_stats.record_broadcast("logits", logits, self.num_stages - 1, self.stage_index, self.num_stages)
+            self.comm_stats.record_broadcast("logits", logits, self.last_stage_rank, self.stage_index, self.num_stages)
             self.comm_metrics = log_comm(lm, self.comm_stats)
             if self.is_last_stage and self._loss.step_output is not None:
                 output = self._loss.step_output
@@ -540,8 +601,8 @@ class GNNPipeStrategy(ParallelStrategy):
         return loss, output
 
     def _chunk_loss(self, out: Tensor, c: int, batch: Any) -> Tensor:
-        assert self._stage is not None
-        nodes = self._stage.graph.nodes[c]
+        assert self._stages
+        nodes = self._stages[-1].graph.nodes[c]
         if not chunk_has_labels(batch, nodes):
             return out.sum() * 0.0  # the chunk still runs forward and backward, and adds exactly zero
         return getattr(self.lightning_module, CHUNK_LOSS_HOOK)(out, batch, nodes)
@@ -598,8 +659,8 @@ class GNNPipeStrategy(ParallelStrategy):
 
         Called on every rank (the state is gathered to rank 0).
         """
-        if self._stage is not None and _distributed_is_initialized():
-            state = gather_pipeline_state(self._stage, self.lightning_module.trainer.datamodule.plan, self._layers,
+        if self._stages and _distributed_is_initialized():
+            state = gather_pipeline_state(self._stages, self.lightning_module.trainer.datamodule.plan, self._layers,
                                           self.stage_index, self.save_history and "optimizer_states" in checkpoint,
                                           group=self._pp_group)
             if state is not None:
@@ -634,7 +695,8 @@ class GNNPipeStrategy(ParallelStrategy):
             sync_stage_tensors(self.lightning_module, self._owners, group=self._pp_group)
 
     def teardown(self) -> None:
-        self._schedule = self._stage = self._loss = self._resume_state = None
+        self._schedule = self._loss = self._resume_state = None
+        self._stages, self._stage_ids = [], []
         self._grads = []
         super().teardown()
 
