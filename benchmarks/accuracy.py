@@ -1,7 +1,12 @@
 """Accuracy of GNNPipe's chunked training against exact full-graph training.
 
-    python benchmarks/accuracy.py                                  # the table in docs/results/accuracy.md
+    python benchmarks/accuracy.py --out docs/results     # docs/results/accuracy.md and the PNG, from the cache
     python benchmarks/accuracy.py --datasets Cora --models resgcn8 --seeds 0 --epochs 50   # a quick look
+
+Result cache: every finished run (dataset, model, mode, seed, epochs, lr) is appended as one JSON line to
+``benchmarks/results/accuracy_runs.jsonl`` with its validation curve and seconds; a later invocation reuses the
+cached runs and computes only the missing ones (``--no-cache`` recomputes every run and appends the new lines,
+which then win over the old ones).
 
 Runner: the chunked algorithm runs in one process through the package's own stage module (``GNNStage`` holding
 all layers), chunk after chunk in pipeline order. The multi-process pipeline computes exactly the same numbers
@@ -15,11 +20,13 @@ best validation metric.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -58,18 +65,33 @@ MODELS: Dict[str, Callable[[int, int], nn.Module]] = {
     "gcnii32": lambda f, c: GCNII(f, 64, c, 32, dropout=0.5),
 }
 
-# mode -> (num_chunks, stage options, refresh_on_start, refresh_every); None = exact full-graph training
+# mode -> (num_chunks, chunk_order, stage options, refresh_on_start, refresh_every); None = exact full-graph
+# training. "plain" has no technique: METIS's chunk order, tables starting from zeros. "default" is the strategy's
+# defaults (greedy chunk order, exact refresh at the start of fit); the single techniques are added to the default.
 MODES: Dict[str, object] = {
     "exact": None,
-    "pipe-K4-plain": (4, {}, False, 0),
-    "pipe-K8-plain": (8, {}, False, 0),
-    "pipe-K8-default": (8, {}, True, 0),
-    # single techniques on top of the refresh at start, to choose the defaults
-    "pipe-K8-refresh10": (8, {}, True, 10),
-    "pipe-K8-momentum": (8, {"history_momentum": 0.5}, True, 0),
-    "pipe-K8-halograd": (8, {"halo_gradients": "stale"}, True, 0),
+    "pipe-K4-plain": (4, "metis", {}, False, 0),
+    "pipe-K8-plain": (8, "metis", {}, False, 0),
+    "pipe-K8-default": (8, "greedy", {}, True, 0),
+    "pipe-K8-refresh10": (8, "greedy", {}, True, 10),
+    "pipe-K8-momentum": (8, "greedy", {"history_momentum": 0.5}, True, 0),
+    "pipe-K8-halograd": (8, "greedy", {"halo_gradients": "stale"}, True, 0),
 }
 TABLE_MODES = ["exact", "pipe-K4-plain", "pipe-K8-plain", "pipe-K8-default"]
+STUDY_MODES = ["exact", "pipe-K8-default", "pipe-K8-refresh10", "pipe-K8-momentum", "pipe-K8-halograd"]
+
+# The published matrix (docs/results/accuracy.md): dataset -> models in the main table ...
+TABLE: Dict[str, List[str]] = {
+    "Cora": ["resgcn4", "resgcn8", "resgcn16", "sage8", "gat4", "gcnii16"],
+    "CiteSeer": ["resgcn8", "gcnii16"],
+}
+# ... dataset -> models of the "Choosing the defaults" study (STUDY_MODES) ...
+STUDY: Dict[str, List[str]] = {"Cora": ["resgcn8", "gcnii16"], "CiteSeer": ["resgcn8", "gcnii16"]}
+# ... and the validation curves of the PNG (seed 0, TABLE_MODES).
+PLOT: List[Tuple[str, str]] = [("Cora", "resgcn8"), ("CiteSeer", "resgcn8")]
+EPOCHS = 100  # per run, the same in every mode of a (dataset, model) pair
+DATASET_EPOCHS: Dict[str, int] = {"Tolokers": 30, "Cornell5": 20}  # the large graphs: fewer epochs
+CACHE = os.path.join(ROOT, "benchmarks", "results", "accuracy_runs.jsonl")
 
 
 def _first(out):
@@ -90,8 +112,8 @@ def run(dataset: str, data, model_name: str, mode: str, seed: int, epochs: int, 
     train = data.train_mask & (data.y >= 0)
     spec = MODES[mode]
     if spec is not None:
-        num_chunks, options, refresh, refresh_every = spec
-        plan = GraphChunkDataModule(data, num_chunks=num_chunks).plan
+        num_chunks, chunk_order, options, refresh, refresh_every = spec
+        plan = GraphChunkDataModule(data, num_chunks=num_chunks, chunk_order=chunk_order).plan
         blocks = find_layer_stack(model).blocks
         dims = infer_dims(blocks, data.x[:2])
         graph = build_chunk_graph(plan, data.edge_index, blocks, torch.device("cpu"))
@@ -125,61 +147,175 @@ def run(dataset: str, data, model_name: str, mode: str, seed: int, epochs: int, 
     return {"test": test_curve[best], "val": val_curve, "reach": reach, "seconds": time.perf_counter() - start}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--datasets", nargs="+", default=["Cora", "CiteSeer", "Actor"], choices=list(DATASETS))
-    p.add_argument("--models", nargs="+", default=["resgcn4", "resgcn8", "sage8", "gat4"], choices=list(MODELS))
-    p.add_argument("--modes", nargs="+", default=TABLE_MODES, choices=list(MODES))
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--lr", type=float, default=0.005)
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    p.add_argument("--out", default=None, help="write the markdown table and PNG here (e.g. docs/results)")
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
-
-    rows: List[Dict[str, object]] = []
-    curves: Dict[str, Dict[str, List[float]]] = {}
-    for dataset in args.datasets:
-        data = DATASETS[dataset]()
-        for model_name in args.models:
-            for mode in args.modes:
-                tests, reach, secs = [], [], 0.0
-                for seed in args.seeds:
-                    r = run(dataset, data, model_name, mode, seed, args.epochs, args.lr)
-                    tests.append(100 * r["test"])
-                    reach.append(r["reach"])
-                    secs += r["seconds"]
-                    if seed == args.seeds[0] and model_name == args.models[0]:
-                        curves.setdefault(dataset, {})[mode] = r["val"]
-                row = {"dataset": dataset, "model": model_name, "mode": mode,
-                       "mean": statistics.mean(tests), "std": statistics.pstdev(tests),
-                       "reach": statistics.mean(reach), "seconds": secs / len(args.seeds)}
-                rows.append(row)
-                print(f"{dataset:9s} {model_name:9s} {mode:16s} test {row['mean']:6.2f} +- {row['std']:5.2f}  "
-                      f"epochs to 99% best val {row['reach']:6.1f}  {row['seconds']:6.1f} s/run", flush=True)
-    if args.out:
-        write_report(args, rows, curves)
+Key = Tuple[str, str, str, int, int, float]  # dataset, model, mode, seed, epochs, lr
 
 
-def write_report(args, rows, curves) -> None:
-    os.makedirs(args.out, exist_ok=True)
+def run_key(record: Dict[str, object]) -> Key:
+    """Return the cache key of a run record."""
+    return (record["dataset"], record["model"], record["mode"], int(record["seed"]), int(record["epochs"]),
+            float(record["lr"]))
+
+
+def load_cache(path: str) -> Dict[Key, Dict[str, object]]:
+    """Read the cached runs of ``path`` (one JSON object a line); a later line wins over an earlier one."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return {run_key(r): r for r in records}
+
+
+def append_cache(path: str, record: Dict[str, object]) -> None:
+    """Append one finished run to the cache file ``path``."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def git_commit() -> str:
+    """Return the short commit of the checkout, or ``"unknown"`` outside git."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def parse_epochs(items: Iterable[str]) -> Dict[str, int]:
+    """Parse ``Name=EPOCHS`` items of ``--dataset-epochs``.
+
+    Raises:
+        ValueError: An item is not ``Name=EPOCHS`` with a known dataset and a positive integer.
+    """
+    out = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in DATASETS or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"accuracy.py: `--dataset-epochs` item {item!r} is not Name=EPOCHS with a dataset of "
+                             f"{list(DATASETS)} and a positive integer. Example: Tolokers=30.")
+        out[name] = int(value)
+    return out
+
+
+def plan_jobs(args) -> List[Tuple[str, str, str, List[str]]]:
+    """Return the (section, dataset, model, modes) groups to report.
+
+    Section ``"table"`` is the main table, ``"study"`` the defaults study. With any of ``--datasets``, ``--models``,
+    ``--modes``: their product (missing ones from the published matrix), all in ``"table"``; otherwise the
+    published matrix (:data:`TABLE` and :data:`STUDY`).
+    """
+    if args.datasets or args.models or args.modes:
+        datasets = args.datasets or list(TABLE)
+        models = args.models or ["resgcn8"]
+        return [("table", d, m, args.modes or TABLE_MODES) for d in datasets for m in models]
+    jobs = [("table", d, m, TABLE_MODES) for d, models in TABLE.items() for m in models]
+    jobs += [("study", d, m, STUDY_MODES) for d, models in STUDY.items() for m in models]
+    return jobs
+
+
+def collect(args) -> Dict[Key, Dict[str, object]]:
+    """Return every run the report needs, from the cache where present, computing and caching the others."""
+    cache = {} if args.no_cache else load_cache(args.cache)
+    runs, data, commit = {}, {}, git_commit()
+    for _, dataset, model_name, modes in plan_jobs(args):
+        epochs = args.epochs_of(dataset)
+        for mode in modes:
+            for seed in args.seeds:
+                key = (dataset, model_name, mode, seed, epochs, args.lr)
+                if key in runs:
+                    continue
+                if key not in cache:
+                    if dataset not in data:
+                        data[dataset] = DATASETS[dataset]()
+                    r = run(dataset, data[dataset], model_name, mode, seed, epochs, args.lr)
+                    cache[key] = {"dataset": dataset, "model": model_name, "mode": mode, "seed": seed,
+                                  "epochs": epochs, "lr": args.lr, "test": r["test"], "reach": r["reach"],
+                                  "seconds": round(r["seconds"], 2), "threads": args.threads, "commit": commit,
+                                  "val": [round(v, 5) for v in r["val"]]}
+                    append_cache(args.cache, cache[key])
+                    print(f"{dataset:9s} {model_name:9s} {mode:18s} seed {seed}  test {100 * r['test']:6.2f}  "
+                          f"reach {r['reach']:3d}  {r['seconds']:6.1f} s", flush=True)
+                runs[key] = cache[key]
+    return runs
+
+
+def summarise(args, runs, dataset: str, model_name: str, mode: str) -> Dict[str, object]:
+    """Return mean/std test metric (%), mean epochs to 99% best val and mean seconds of one row over the seeds."""
+    epochs = args.epochs_of(dataset)
+    rs = [runs[(dataset, model_name, mode, s, epochs, args.lr)] for s in args.seeds]
+    tests = [100 * r["test"] for r in rs]
+    return {"dataset": dataset, "model": model_name, "mode": mode, "epochs": epochs,
+            "mean": statistics.mean(tests), "std": statistics.pstdev(tests),
+            "reach": statistics.mean(r["reach"] for r in rs), "seconds": statistics.mean(r["seconds"] for r in rs)}
+
+
+def table(rows: List[Dict[str, object]]) -> List[str]:
+    """Return markdown table lines with the gap (points) and epochs ratio of each row to its exact row."""
     exact = {(r["dataset"], r["model"]): r for r in rows if r["mode"] == "exact"}
-    lines = ["| dataset | model | mode | test metric (%) | gap to exact (points) | epochs to 99% best val | ratio |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| dataset | model | epochs | mode | test metric (%) | gap to exact (points) | epochs to 99% best val "
+             "| ratio to exact | s/run |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ref = exact.get((r["dataset"], r["model"]))
-        gap = f"{r['mean'] - ref['mean']:+.2f}" if ref and r is not ref else ""
-        ratio = f"{r['reach'] / ref['reach']:.2f}" if ref and r is not ref else ""
-        lines.append(f"| {r['dataset']} | {r['model']} | {r['mode']} | {r['mean']:.2f} ± {r['std']:.2f} | {gap} | "
-                     f"{r['reach']:.1f} | {ratio} |")
-    command = "python benchmarks/accuracy.py " + " ".join(sys.argv[1:])
-    header = ["# Accuracy: GNNPipe against exact full-graph training", "", "Regenerate (table and PNG):", "",
-              "```bash", command, "```", "",
-              "Test metric at the epoch of best validation metric, mean ± std over seeds (accuracy; ROC-AUC for "
-              "Tolokers). Epochs to reach 99% of the best validation metric; ratio = GNNPipe / exact.", ""]
-    with open(os.path.join(args.out, "accuracy.md"), "w") as f:
-        f.write("\n".join(header + lines) + "\n\n![validation curves](accuracy_curves.png)\n")
+        other = ref is not None and r is not ref
+        gap = f"{r['mean'] - ref['mean']:+.2f}" if other else ""
+        ratio = f"{r['reach'] / ref['reach']:.2f}" if other else ""
+        lines.append(f"| {r['dataset']} | {r['model']} | {r['epochs']} | {r['mode']} | {r['mean']:.2f} ± "
+                     f"{r['std']:.2f} | {gap} | {r['reach']:.1f} | {ratio} | {r['seconds']:.0f} |")
+    return lines
+
+
+def study_averages(rows: List[Dict[str, object]]) -> List[str]:
+    """Return markdown lines averaging, per technique mode, the gap and epochs ratio to exact over the pairs."""
+    exact = {(r["dataset"], r["model"]): r for r in rows if r["mode"] == "exact"}
+    lines = ["| mode | mean gap to exact (points) | worst gap (points) | mean epochs ratio | worst epochs ratio |",
+             "|---|---|---|---|---|"]
+    for mode in STUDY_MODES[1:]:
+        sel = [r for r in rows if r["mode"] == mode]
+        gaps = [r["mean"] - exact[(r["dataset"], r["model"])]["mean"] for r in sel]
+        ratios = [r["reach"] / exact[(r["dataset"], r["model"])]["reach"] for r in sel]
+        lines.append(f"| {mode} | {statistics.mean(gaps):+.2f} | {min(gaps):+.2f} | {statistics.mean(ratios):.2f} | "
+                     f"{max(ratios):.2f} |")
+    return lines
+
+
+def command_block(args, runs) -> List[str]:
+    """Return the markdown lines with the regenerating command and the cost of a run from scratch."""
+    hours = sum(r["seconds"] for r in runs.values()) / 3600
+    return ["```bash", "python benchmarks/accuracy.py " + " ".join(sys.argv[1:]), "```", "",
+            f"It reads the {len(runs)} runs it needs from `benchmarks/results/accuracy_runs.jsonl` (seconds). On a "
+            f"fresh machine, or with `--no-cache`, it computes them: {hours:.1f} hours of one CPU core "
+            "(`--threads 1`), the sum of the seconds measured for each run and stored in the cache (measured on a "
+            "shared, loaded machine: an idle one needs less)."]
+
+
+def replace_block(text: str, name: str, lines: List[str]) -> str:
+    """Replace the lines between ``<!-- begin NAME -->`` and ``<!-- end NAME -->`` (append the block if absent)."""
+    begin, end = f"<!-- begin {name} -->", f"<!-- end {name} -->"
+    block = "\n".join([begin] + lines + [end])
+    if begin in text and end in text:
+        return text[: text.index(begin)] + block + text[text.index(end) + len(end):]
+    return text.rstrip("\n") + "\n\n" + block + "\n"
+
+
+def write_report(args, runs) -> None:
+    """Refresh the generated blocks of ``<out>/accuracy.md`` (prose around them is kept) and write the PNG."""
+    os.makedirs(args.out, exist_ok=True)
+    rows = {"table": [], "study": []}
+    for section, d, m, modes in plan_jobs(args):
+        rows[section] += [summarise(args, runs, d, m, mode) for mode in modes]
+    path = os.path.join(args.out, "accuracy.md")
+    text = open(path).read() if os.path.exists(path) else "# Accuracy: GNNPipe against exact full-graph training\n"
+    text = replace_block(text, "command", command_block(args, runs))
+    text = replace_block(text, "table", table(rows["table"]))
+    if rows["study"]:
+        text = replace_block(text, "study", table(rows["study"]) + [""] + study_averages(rows["study"]))
+    with open(path, "w") as f:
+        f.write(text)
+    plot(args, runs)
+
+
+def plot(args, runs) -> None:
+    """Write ``<out>/accuracy_curves.png``: validation curves of seed 0 per table mode for the PLOT pairs."""
     try:
         import matplotlib
 
@@ -188,17 +324,49 @@ def write_report(args, rows, curves) -> None:
     except ImportError:
         print("matplotlib not installed: no PNG written (pip install matplotlib)")
         return
-    names = list(curves)[:2]
-    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
-    for ax, name in zip(axes[0], names):
-        for mode, curve in curves[name].items():
+    pairs = [(d, m) for d, m in PLOT if all((d, m, mode, args.seeds[0], args.epochs_of(d), args.lr) in runs
+                                            for mode in TABLE_MODES)]
+    if not pairs:
+        return
+    fig, axes = plt.subplots(1, len(pairs), figsize=(6 * len(pairs), 4), squeeze=False)
+    for ax, (dataset, model_name) in zip(axes[0], pairs):
+        for mode in TABLE_MODES:
+            curve = runs[(dataset, model_name, mode, args.seeds[0], args.epochs_of(dataset), args.lr)]["val"]
             ax.plot(range(1, len(curve) + 1), curve, label=mode)
-        ax.set_title(f"{name}, {args.models[0]}, seed {args.seeds[0]}")
+        ax.set_title(f"{dataset}, {model_name}, seed {args.seeds[0]}")
         ax.set_xlabel("epoch")
         ax.set_ylabel("validation metric")
         ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(args.out, "accuracy_curves.png"), dpi=100)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", nargs="+", choices=list(DATASETS), help="default: the published matrix")
+    p.add_argument("--models", nargs="+", choices=list(MODELS), help="default: the published matrix")
+    p.add_argument("--modes", nargs="+", choices=list(MODES), help="default: the published matrix")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--epochs", type=int, default=EPOCHS, help="epochs per run for datasets not in --dataset-epochs")
+    p.add_argument("--dataset-epochs", nargs="*", default=[f"{k}={v}" for k, v in DATASET_EPOCHS.items()],
+                   metavar="NAME=EPOCHS", help="per-dataset epochs (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=0.005)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--cache", default=CACHE, help="JSON-lines file of finished runs (default: %(default)s)")
+    p.add_argument("--no-cache", action="store_true", help="recompute every run (the new lines win in the cache)")
+    p.add_argument("--out", default=None, help="refresh <out>/accuracy.md and write the PNG (e.g. docs/results)")
+    args = p.parse_args()
+    per_dataset = parse_epochs(args.dataset_epochs)
+    args.epochs_of = lambda dataset: per_dataset.get(dataset, args.epochs)
+    torch.set_num_threads(args.threads)
+    runs = collect(args)
+    for _, d, m, modes in plan_jobs(args):
+        for mode in modes:
+            r = summarise(args, runs, d, m, mode)
+            print(f"{d:9s} {m:9s} {mode:18s} test {r['mean']:6.2f} +- {r['std']:5.2f}  epochs to 99% best val "
+                  f"{r['reach']:6.1f}  {r['seconds']:6.1f} s/run")
+    if args.out:
+        write_report(args, runs)
 
 
 if __name__ == "__main__":
