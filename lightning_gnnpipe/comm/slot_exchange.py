@@ -65,7 +65,16 @@ class SlotPlan:
 
 
 def partition_halos(plan: ChunkPlan, num_parts: int) -> List[Tensor]:
-    """Halo of every partition: out-of-partition sources of edges into it, sorted, ``G`` tensors."""
+    """Halo of every partition: the out-of-partition sources of edges into it.
+
+    Args:
+        plan: Slot-major chunk plan (chunk ``c`` belongs to partition ``c % G``).
+        num_parts: ``G``.
+
+    Returns:
+        ``G`` sorted node-id tensors ``(H_g,)``, ``torch.long``; ``sum(H_g)`` is ``H_G`` of
+        :func:`~lightning_gnnpipe.comm.volume.hybrid_volume`.
+    """
     halos = []
     partition = plan.part % num_parts
     for g in range(num_parts):
