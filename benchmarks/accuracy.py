@@ -76,17 +76,28 @@ MODES: Dict[str, object] = {
     "pipe-K8-refresh10": (8, "greedy", {}, True, 10),
     "pipe-K8-momentum": (8, "greedy", {"history_momentum": 0.5}, True, 0),
     "pipe-K8-halograd": (8, "greedy", {"halo_gradients": "stale"}, True, 0),
+    "pipe-K8-refresh1": (8, "greedy", {}, True, 1),
+    "pipe-K8-momentum-refresh10": (8, "greedy", {"history_momentum": 0.5}, True, 10),
 }
 TABLE_MODES = ["exact", "pipe-K4-plain", "pipe-K8-plain", "pipe-K8-default"]
 STUDY_MODES = ["exact", "pipe-K8-default", "pipe-K8-refresh10", "pipe-K8-momentum", "pipe-K8-halograd"]
 
 # The published matrix (docs/results/accuracy.md): dataset -> models in the main table ...
 TABLE: Dict[str, List[str]] = {
-    "Cora": ["resgcn4", "resgcn8", "resgcn16", "sage8", "gat4", "gcnii16"],
-    "CiteSeer": ["resgcn8", "gcnii16"],
+    "Cora": ["resgcn4", "resgcn8", "resgcn16", "sage8", "gat4", "gcnii16", "gcnii32"],
+    "CiteSeer": ["resgcn4", "resgcn8", "sage8", "gat4", "gcnii16"],
+    "Actor": ["resgcn8", "gcnii16"],
+    "Tolokers": ["gat4"],
+    "Cornell5": ["gat4"],
 }
 # ... dataset -> models of the "Choosing the defaults" study (STUDY_MODES) ...
 STUDY: Dict[str, List[str]] = {"Cora": ["resgcn8", "gcnii16"], "CiteSeer": ["resgcn8", "gcnii16"]}
+# ... (dataset, model) -> modes of the seed-noise study, run with SEED_STUDY_SEEDS instead of --seeds ...
+SEED_STUDY: Dict[Tuple[str, str], List[str]] = {
+    ("Cora", "gat4"): ["exact", "pipe-K4-plain", "pipe-K8-default", "pipe-K8-refresh1", "pipe-K8-momentum-refresh10"],
+    ("Cora", "sage8"): ["exact", "pipe-K4-plain", "pipe-K8-default", "pipe-K8-momentum"],
+}
+SEED_STUDY_SEEDS = list(range(10))
 # ... and the validation curves of the PNG (seed 0, TABLE_MODES).
 PLOT: List[Tuple[str, str]] = [("Cora", "resgcn8"), ("CiteSeer", "resgcn8")]
 EPOCHS = 100  # per run, the same in every mode of a (dataset, model) pair
@@ -197,19 +208,24 @@ def parse_epochs(items: Iterable[str]) -> Dict[str, int]:
     return out
 
 
-def plan_jobs(args) -> List[Tuple[str, str, str, List[str]]]:
-    """Return the (section, dataset, model, modes) groups to report.
+Job = Tuple[str, str, str, List[str], List[int]]  # section, dataset, model, modes, seeds
 
-    Section ``"table"`` is the main table, ``"study"`` the defaults study. With any of ``--datasets``, ``--models``,
-    ``--modes``: their product (missing ones from the published matrix), all in ``"table"``; otherwise the
-    published matrix (:data:`TABLE` and :data:`STUDY`).
+
+def plan_jobs(args) -> List[Job]:
+    """Return the (section, dataset, model, modes, seeds) groups to report.
+
+    Section ``"table"`` is the main table, ``"study"`` the defaults study, ``"seeds"`` the seed-noise study. With
+    any of ``--datasets``, ``--models``, ``--modes``: their product (missing ones from the published matrix) with
+    ``--seeds``, all in ``"table"``; otherwise the published matrix (:data:`TABLE`, :data:`STUDY` and
+    :data:`SEED_STUDY`).
     """
     if args.datasets or args.models or args.modes:
         datasets = args.datasets or list(TABLE)
         models = args.models or ["resgcn8"]
-        return [("table", d, m, args.modes or TABLE_MODES) for d in datasets for m in models]
-    jobs = [("table", d, m, TABLE_MODES) for d, models in TABLE.items() for m in models]
-    jobs += [("study", d, m, STUDY_MODES) for d, models in STUDY.items() for m in models]
+        return [("table", d, m, args.modes or TABLE_MODES, args.seeds) for d in datasets for m in models]
+    jobs = [("table", d, m, TABLE_MODES, args.seeds) for d, models in TABLE.items() for m in models]
+    jobs += [("study", d, m, STUDY_MODES, args.seeds) for d, models in STUDY.items() for m in models]
+    jobs += [("seeds", d, m, modes, SEED_STUDY_SEEDS) for (d, m), modes in SEED_STUDY.items()]
     return jobs
 
 
@@ -217,10 +233,10 @@ def collect(args) -> Dict[Key, Dict[str, object]]:
     """Return every run the report needs, from the cache where present, computing and caching the others."""
     cache = {} if args.no_cache else load_cache(args.cache)
     runs, data, commit = {}, {}, git_commit()
-    for _, dataset, model_name, modes in plan_jobs(args):
+    for _, dataset, model_name, modes, seeds in plan_jobs(args):
         epochs = args.epochs_of(dataset)
         for mode in modes:
-            for seed in args.seeds:
+            for seed in seeds:
                 key = (dataset, model_name, mode, seed, epochs, args.lr)
                 if key in runs:
                     continue
@@ -239,28 +255,34 @@ def collect(args) -> Dict[Key, Dict[str, object]]:
     return runs
 
 
-def summarise(args, runs, dataset: str, model_name: str, mode: str) -> Dict[str, object]:
-    """Return mean/std test metric (%), mean epochs to 99% best val and mean seconds of one row over the seeds."""
+def summarise(args, runs, dataset: str, model_name: str, mode: str, seeds: List[int]) -> Dict[str, object]:
+    """Return mean/std test metric (%), mean epochs to 99% best val and mean seconds of one row over ``seeds``."""
     epochs = args.epochs_of(dataset)
-    rs = [runs[(dataset, model_name, mode, s, epochs, args.lr)] for s in args.seeds]
+    rs = [runs[(dataset, model_name, mode, s, epochs, args.lr)] for s in seeds]
     tests = [100 * r["test"] for r in rs]
-    return {"dataset": dataset, "model": model_name, "mode": mode, "epochs": epochs,
+    return {"dataset": dataset, "model": model_name, "mode": mode, "epochs": epochs, "tests": tests,
             "mean": statistics.mean(tests), "std": statistics.pstdev(tests),
             "reach": statistics.mean(r["reach"] for r in rs), "seconds": statistics.mean(r["seconds"] for r in rs)}
 
 
 def table(rows: List[Dict[str, object]]) -> List[str]:
-    """Return markdown table lines with the gap (points) and epochs ratio of each row to its exact row."""
+    """Return markdown table lines with the gap (points) and epochs ratio of each row to its exact row.
+
+    The standard error of the gap is that of the mean of the per-seed differences (same seed: same initial
+    weights in both modes), ``stdev(diffs) / sqrt(seeds)``.
+    """
     exact = {(r["dataset"], r["model"]): r for r in rows if r["mode"] == "exact"}
-    lines = ["| dataset | model | epochs | mode | test metric (%) | gap to exact (points) | epochs to 99% best val "
-             "| ratio to exact | s/run |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| dataset | model | epochs | mode | test metric (%) | gap to exact (points) | std error of gap "
+             "| epochs to 99% best val | ratio to exact | s/run |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ref = exact.get((r["dataset"], r["model"]))
         other = ref is not None and r is not ref
         gap = f"{r['mean'] - ref['mean']:+.2f}" if other else ""
+        diffs = [a - b for a, b in zip(r["tests"], ref["tests"])] if other else []
+        se = f"{statistics.stdev(diffs) / len(diffs) ** 0.5:.2f}" if len(diffs) > 1 else ""
         ratio = f"{r['reach'] / ref['reach']:.2f}" if other else ""
         lines.append(f"| {r['dataset']} | {r['model']} | {r['epochs']} | {r['mode']} | {r['mean']:.2f} ± "
-                     f"{r['std']:.2f} | {gap} | {r['reach']:.1f} | {ratio} | {r['seconds']:.0f} |")
+                     f"{r['std']:.2f} | {gap} | {se} | {r['reach']:.1f} | {ratio} | {r['seconds']:.0f} |")
     return lines
 
 
@@ -300,15 +322,17 @@ def replace_block(text: str, name: str, lines: List[str]) -> str:
 def write_report(args, runs) -> None:
     """Refresh the generated blocks of ``<out>/accuracy.md`` (prose around them is kept) and write the PNG."""
     os.makedirs(args.out, exist_ok=True)
-    rows = {"table": [], "study": []}
-    for section, d, m, modes in plan_jobs(args):
-        rows[section] += [summarise(args, runs, d, m, mode) for mode in modes]
+    rows = {"table": [], "study": [], "seeds": []}
+    for section, d, m, modes, seeds in plan_jobs(args):
+        rows[section] += [summarise(args, runs, d, m, mode, seeds) for mode in modes]
     path = os.path.join(args.out, "accuracy.md")
     text = open(path).read() if os.path.exists(path) else "# Accuracy: GNNPipe against exact full-graph training\n"
     text = replace_block(text, "command", command_block(args, runs))
     text = replace_block(text, "table", table(rows["table"]))
     if rows["study"]:
         text = replace_block(text, "study", table(rows["study"]) + [""] + study_averages(rows["study"]))
+    if rows["seeds"]:
+        text = replace_block(text, "seeds", table(rows["seeds"]))
     with open(path, "w") as f:
         f.write(text)
     plot(args, runs)
@@ -360,9 +384,9 @@ def main() -> None:
     args.epochs_of = lambda dataset: per_dataset.get(dataset, args.epochs)
     torch.set_num_threads(args.threads)
     runs = collect(args)
-    for _, d, m, modes in plan_jobs(args):
+    for _, d, m, modes, seeds in plan_jobs(args):
         for mode in modes:
-            r = summarise(args, runs, d, m, mode)
+            r = summarise(args, runs, d, m, mode, seeds)
             print(f"{d:9s} {m:9s} {mode:18s} test {r['mean']:6.2f} +- {r['std']:5.2f}  epochs to 99% best val "
                   f"{r['reach']:6.1f}  {r['seconds']:6.1f} s/run")
     if args.out:
