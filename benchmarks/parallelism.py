@@ -111,7 +111,7 @@ class Probe(Callback):
         if trainer.world_size > 1:  # the process group exists here; every rank takes part
             from lightning_gnnpipe.comm.planner import measure_bandwidth
 
-            self.bandwidth = measure_bandwidth()
+            self.bandwidth = measure_bandwidth(device=trainer.strategy.root_device)
 
     def on_train_epoch_start(self, trainer, pl_module):
         self._t0 = time.perf_counter()

@@ -140,13 +140,22 @@ def _hybrid_estimates(edge_index: Tensor, num_nodes: int, dims: List[int], layer
     return out
 
 
-def measure_bandwidth(nbytes: int = 1 << 24, repeats: int = 5, group=None) -> float:
+def measure_bandwidth(nbytes: int = 1 << 24, repeats: int = 5, group=None, device=None) -> float:
     """Measure point-to-point bandwidth between the first two ranks of ``group`` (bytes per second).
 
     A collective: every rank of ``group`` calls it. Ranks 0 and 1 exchange a ``nbytes`` float32 buffer
     back and forth ``repeats`` times (``send``/``recv`` of the process group's backend, as the pipeline's
     P2P transfers); the best round trip gives ``2 * nbytes / seconds``. The result is broadcast, so every
     rank returns the same value. With one rank there is no link: returns ``inf``.
+
+    Args:
+        nbytes: Size of the exchanged buffer (bytes).
+        repeats: Round trips; the fastest is kept.
+        group: Process group (default: the world).
+        device: Device of the buffers: the CPU (default) for gloo, this rank's CUDA device for nccl.
+
+    Returns:
+        Bandwidth in bytes per second (``inf`` with one rank).
 
     Raises:
         ValueError: If ``nbytes < 4`` or ``repeats < 1``.
@@ -160,7 +169,7 @@ def measure_bandwidth(nbytes: int = 1 << 24, repeats: int = 5, group=None) -> fl
         return float("inf")
     rank = dist.get_rank(group)
     peer = lambda r: dist.get_global_rank(group, r) if group is not None else r  # noqa: E731
-    buf = torch.zeros(nbytes // 4)
+    buf = torch.zeros(nbytes // 4, device=device)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
@@ -171,7 +180,7 @@ def measure_bandwidth(nbytes: int = 1 << 24, repeats: int = 5, group=None) -> fl
             dist.recv(buf, peer(0), group=group)
             dist.send(buf, peer(0), group=group)
         best = min(best, time.perf_counter() - start)
-    result = torch.tensor([2 * (nbytes // 4) * 4 / best if rank == 0 else 0.0], dtype=torch.float64)
+    result = torch.tensor([2 * (nbytes // 4) * 4 / best if rank == 0 else 0.0], dtype=torch.float64, device=device)
     dist.broadcast(result, peer(0), group=group)
     return float(result)
 

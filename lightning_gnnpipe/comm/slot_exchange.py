@@ -59,6 +59,7 @@ class SlotPlan:
     back_recv_counts: List[int]
 
     def to(self, device: torch.device) -> "SlotPlan":
+        """Return a copy with every index tensor on ``device`` (counts stay Python ints)."""
         t = lambda x: x.to(device)  # noqa: E731
         return SlotPlan(t(self.send_index), self.send_counts, self.recv_counts, t(self.recv_ids), t(self.back_sel),
                         t(self.live_pos), self.back_counts, t(self.back_index), self.back_recv_counts)
