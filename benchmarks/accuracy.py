@@ -3,7 +3,7 @@
     python benchmarks/accuracy.py --out docs/results     # docs/results/accuracy.md and the PNG, from the cache
     python benchmarks/accuracy.py --datasets Cora --models resgcn8 --seeds 0 --epochs 50   # a quick look
 
-Result cache: every finished run (dataset, model, mode, seed, epochs, lr) is appended as one JSON line to
+Result cache: every finished run (dataset, model, mode, seed, epochs, lr, weight decay) is appended as one JSON line to
 ``benchmarks/results/accuracy_runs.jsonl`` with its validation curve and seconds; a later invocation reuses the
 cached runs and computes only the missing ones (``--no-cache`` recomputes every run and appends the new lines,
 which then win over the old ones).
@@ -129,11 +129,12 @@ def metric(name: str, out: torch.Tensor, y: torch.Tensor, num_classes: int) -> f
     return float(accuracy(out.argmax(-1), y, task="multiclass", num_classes=num_classes))
 
 
-def run(dataset: str, data, model_name: str, mode: str, seed: int, epochs: int, lr: float) -> Dict[str, object]:
+def run(dataset: str, data, model_name: str, mode: str, seed: int, epochs: int, lr: float,
+        weight_decay: float = 5e-4) -> Dict[str, object]:
     torch.manual_seed(seed)
     num_classes = int(data.y.max()) + 1
     model = MODELS[model_name](data.num_features, num_classes)
-    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=5e-4)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     train = data.train_mask & (data.y >= 0)
     spec = MODES[mode]
     if spec is not None:
@@ -172,13 +173,14 @@ def run(dataset: str, data, model_name: str, mode: str, seed: int, epochs: int, 
     return {"test": test_curve[best], "val": val_curve, "reach": reach, "seconds": time.perf_counter() - start}
 
 
-Key = Tuple[str, str, str, int, int, float]  # dataset, model, mode, seed, epochs, lr
+Key = Tuple[str, str, str, int, int, float, float]  # dataset, model, mode, seed, epochs, lr, weight decay
+WEIGHT_DECAY = 5e-4  # Adam's (L2) weight decay; cache lines without the field were run with it
 
 
 def run_key(record: Dict[str, object]) -> Key:
     """Return the cache key of a run record."""
     return (record["dataset"], record["model"], record["mode"], int(record["seed"]), int(record["epochs"]),
-            float(record["lr"]))
+            float(record["lr"]), float(record.get("weight_decay", WEIGHT_DECAY)))
 
 
 def load_cache(path: str) -> Dict[Key, Dict[str, object]]:
@@ -252,15 +254,16 @@ def collect(args) -> Dict[Key, Dict[str, object]]:
         epochs = args.epochs_of(dataset)
         for mode in modes:
             for seed in seeds:
-                key = (dataset, model_name, mode, seed, epochs, args.lr)
+                key = (dataset, model_name, mode, seed, epochs, args.lr, args.weight_decay)
                 if key in runs:
                     continue
                 if key not in cache:
+                    wd = {} if args.weight_decay == WEIGHT_DECAY else {"weight_decay": args.weight_decay}
                     if dataset not in data:
                         data[dataset] = DATASETS[dataset]()
-                    r = run(dataset, data[dataset], model_name, mode, seed, epochs, args.lr)
+                    r = run(dataset, data[dataset], model_name, mode, seed, epochs, args.lr, args.weight_decay)
                     cache[key] = {"dataset": dataset, "model": model_name, "mode": mode, "seed": seed,
-                                  "epochs": epochs, "lr": args.lr, "test": r["test"], "reach": r["reach"],
+                                  "epochs": epochs, "lr": args.lr, **wd, "test": r["test"], "reach": r["reach"],
                                   "seconds": round(r["seconds"], 2), "threads": args.threads, "commit": commit,
                                   "val": [round(v, 5) for v in r["val"]]}
                     append_cache(args.cache, cache[key])
@@ -273,7 +276,7 @@ def collect(args) -> Dict[Key, Dict[str, object]]:
 def summarise(args, runs, dataset: str, model_name: str, mode: str, seeds: List[int]) -> Dict[str, object]:
     """Return mean/std test metric (%), mean epochs to 99% best val and mean seconds of one row over ``seeds``."""
     epochs = args.epochs_of(dataset)
-    rs = [runs[(dataset, model_name, mode, s, epochs, args.lr)] for s in seeds]
+    rs = [runs[(dataset, model_name, mode, s, epochs, args.lr, args.weight_decay)] for s in seeds]
     tests = [100 * r["test"] for r in rs]
     return {"dataset": dataset, "model": model_name, "mode": mode, "epochs": epochs, "tests": tests,
             "mean": statistics.mean(tests), "std": statistics.pstdev(tests),
@@ -363,14 +366,14 @@ def plot(args, runs) -> None:
     except ImportError:
         print("matplotlib not installed: no PNG written (pip install matplotlib)")
         return
-    pairs = [(d, m) for d, m in PLOT if all((d, m, mode, args.seeds[0], args.epochs_of(d), args.lr) in runs
-                                            for mode in TABLE_MODES)]
+    key = lambda d, m, mode: (d, m, mode, args.seeds[0], args.epochs_of(d), args.lr, args.weight_decay)  # noqa: E731
+    pairs = [(d, m) for d, m in PLOT if all(key(d, m, mode) in runs for mode in TABLE_MODES)]
     if not pairs:
         return
     fig, axes = plt.subplots(1, len(pairs), figsize=(6 * len(pairs), 4), squeeze=False)
     for ax, (dataset, model_name) in zip(axes[0], pairs):
         for mode in TABLE_MODES:
-            curve = runs[(dataset, model_name, mode, args.seeds[0], args.epochs_of(dataset), args.lr)]["val"]
+            curve = runs[key(dataset, model_name, mode)]["val"]
             ax.plot(range(1, len(curve) + 1), curve, label=mode)
         ax.set_title(f"{dataset}, {model_name}, seed {args.seeds[0]}")
         ax.set_xlabel("epoch")
@@ -390,6 +393,7 @@ def main() -> None:
     p.add_argument("--dataset-epochs", nargs="*", default=[f"{k}={v}" for k, v in DATASET_EPOCHS.items()],
                    metavar="NAME=EPOCHS", help="per-dataset epochs (default: %(default)s)")
     p.add_argument("--lr", type=float, default=0.005)
+    p.add_argument("--weight-decay", type=float, default=WEIGHT_DECAY, help="Adam's weight decay (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--cache", default=CACHE, help="JSON-lines file of finished runs (default: %(default)s)")
     p.add_argument("--no-cache", action="store_true", help="recompute every run (the new lines win in the cache)")
