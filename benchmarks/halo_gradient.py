@@ -148,13 +148,14 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=8, help="K, the number of chunks (default: %(default)s)")
     p.add_argument("--train-epochs", type=int, default=0, help="exact training epochs before measuring")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    p.add_argument("--out", default=None, help="refresh the Gradient block of <out>/accuracy.md")
+    p.add_argument("--out", default=None,
+                   help="refresh the gradient block of <out>/accuracy.md (its own block with --train-epochs)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     pairs = [(d, m) for d in (args.datasets or list(TABLE)) for m in (args.models or TABLE.get(d, []))]
     lines = ["| dataset | model | edges cut (%) | cosine, all parameters | norm ratio, first layer | norm ratio, "
              "smallest | decay / gradient, exact | decay / gradient, chunked | stale: cosine, all parameters "
-             "| stale: norm ratio, smallest | max forward difference |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| stale: norm ratio, smallest | max forward difference |", "|---" * 11 + "|"]
     data = {}
     for dataset, model_name in pairs:
         if dataset not in data:
@@ -164,17 +165,17 @@ def main() -> None:
         mean["forward"] = max(r["forward"] for r in rs)
         line = (f"| {dataset} | {model_name} | {100 * mean['cut']:.1f} | {mean['cos']:.3f} | "
                 f"{mean['ratio_first']:.2f} | {mean['ratio_min']:.2f} | {mean['decay_exact']:.2f} | "
-                f"{mean['decay_chunked']:.2f} | {mean['stale_cos']:.3f} | {mean['stale_ratio_min']:.2f} | {mean['forward']:.1e} |")
+                f"{mean['decay_chunked']:.2f} | {mean['stale_cos']:.3f} | {mean['stale_ratio_min']:.2f} | "
+                f"{mean['forward']:.1e} |")
         print(line, flush=True)
         lines.append(line)
     if args.out:
         path = os.path.join(args.out, "accuracy.md")
         with open(path) as f:
             text = f.read()
-        command = ["```", "python benchmarks/halo_gradient.py --out docs/results   # K = "
-                   f"{args.chunks}, seeds {' '.join(map(str, args.seeds))}", "```"]
-        text = replace_block(text, "gradient-command", command)
-        text = replace_block(text, "gradient", lines)
+        name = "gradient" if not args.train_epochs else f"gradient-after-{args.train_epochs}-epochs"
+        command = ["```bash", "python benchmarks/halo_gradient.py " + " ".join(sys.argv[1:]), "```", ""]
+        text = replace_block(text, name, command + lines)
         with open(path, "w") as f:
             f.write(text)
         print(f"wrote {path}")
