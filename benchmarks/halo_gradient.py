@@ -110,7 +110,7 @@ def measure(data, model_name: str, seed: int, num_chunks: int, weight_decay: flo
     g_exact = _grads(params)
 
     plan = GraphChunkDataModule(data, num_chunks=num_chunks, chunk_order="greedy").plan
-    cut = float((plan.part[data.edge_index[0]] != plan.part[data.edge_index[1]]).float().mean())
+    cut = plan.edge_cut
     dims = infer_dims(blocks, data.x[:2])
     graph = build_chunk_graph(plan, data.edge_index, blocks, torch.device("cpu"))
     out: Dict[str, float] = {"cut": cut}
