@@ -134,6 +134,25 @@ def metric(name: str, out: torch.Tensor, y: torch.Tensor, num_classes: int) -> f
     return float(accuracy(out.argmax(-1), y, task="multiclass", num_classes=num_classes))
 
 
+def chunked_stage(data, model: nn.Module, num_chunks: int, chunk_order: str, **options):
+    """Return ``(plan, stage)``: the chunk plan and one ``GNNStage`` holding all of ``model``'s layers."""
+    plan = GraphChunkDataModule(data, num_chunks=num_chunks, chunk_order=chunk_order).plan
+    blocks = find_layer_stack(model).blocks
+    dims = infer_dims(blocks, data.x[:2])
+    graph = build_chunk_graph(plan, data.edge_index, blocks, torch.device("cpu"))
+    stage = GNNStage(blocks, list(range(len(blocks))), dims, graph, x=data.x,
+                     carry_x0=any(takes_x0(b) for b in blocks), **options)
+    return plan, stage
+
+
+def chunked_forward(plan, stage, x: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Run every chunk through ``stage`` in pipeline order; return the outputs of all nodes ``(|V|, C)``."""
+    x_pad, m = plan.pad(x), plan.max_chunk_size
+    outs = [stage(x_pad[c * m: (c + 1) * m], chunk_id=torch.tensor([c]))[: plan.nodes[c].numel()]
+            for c in range(plan.num_chunks)]
+    return torch.zeros(x.size(0), num_classes).index_put((torch.cat(list(plan.nodes)),), torch.cat(outs))
+
+
 def run(dataset: str, data, model_name: str, mode: str, seed: int, epochs: int, lr: float,
         weight_decay: float = 5e-4) -> Dict[str, object]:
     torch.manual_seed(seed)
@@ -144,14 +163,7 @@ def run(dataset: str, data, model_name: str, mode: str, seed: int, epochs: int, 
     spec = MODES[mode]
     if spec is not None:
         num_chunks, chunk_order, options, refresh, refresh_every = spec
-        plan = GraphChunkDataModule(data, num_chunks=num_chunks, chunk_order=chunk_order).plan
-        blocks = find_layer_stack(model).blocks
-        dims = infer_dims(blocks, data.x[:2])
-        graph = build_chunk_graph(plan, data.edge_index, blocks, torch.device("cpu"))
-        stage = GNNStage(blocks, list(range(len(blocks))), dims, graph, x=data.x,
-                         carry_x0=any(takes_x0(b) for b in blocks), **options)
-        x_pad, m = plan.pad(data.x), plan.max_chunk_size
-        nodes = torch.cat(list(plan.nodes))
+        plan, stage = chunked_stage(data, model, num_chunks, chunk_order, **options)
     val_curve, test_curve, start = [], [], time.perf_counter()
     for epoch in range(epochs):
         if spec is not None and (refresh and epoch == 0 or refresh_every and epoch and epoch % refresh_every == 0):
@@ -163,9 +175,7 @@ def run(dataset: str, data, model_name: str, mode: str, seed: int, epochs: int, 
             out = model(data.x, data.edge_index)
         else:
             stage.next_epoch()
-            outs = [stage(x_pad[c * m: (c + 1) * m], chunk_id=torch.tensor([c]))[: plan.nodes[c].numel()]
-                    for c in range(plan.num_chunks)]
-            out = torch.zeros(data.num_nodes, num_classes).index_put((nodes,), torch.cat(outs))
+            out = chunked_forward(plan, stage, data.x, num_classes)
         F.cross_entropy(out[train], data.y[train]).backward()
         opt.step()
         model.eval()

@@ -42,11 +42,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from accuracy import DATASETS, MODELS, ROOT, TABLE, replace_block  # noqa: E402
-from lightning_gnnpipe import GraphChunkDataModule, find_layer_stack  # noqa: E402
-from lightning_gnnpipe.nn.stack import infer_dims, takes_x0  # noqa: E402
-from lightning_gnnpipe.pipeline.graph import build_chunk_graph  # noqa: E402
-from lightning_gnnpipe.pipeline.stage import GNNStage  # noqa: E402
+from accuracy import DATASETS, MODELS, TABLE, chunked_forward, chunked_stage, replace_block  # noqa: E402
+from lightning_gnnpipe import find_layer_stack  # noqa: E402
 
 
 def _grads(params: List[torch.nn.Parameter]) -> List[torch.Tensor]:
@@ -109,23 +106,15 @@ def measure(data, model_name: str, seed: int, num_chunks: int, weight_decay: flo
     F.cross_entropy(exact_out[train], data.y[train]).backward()
     g_exact = _grads(params)
 
-    plan = GraphChunkDataModule(data, num_chunks=num_chunks, chunk_order="greedy").plan
-    cut = plan.edge_cut
-    dims = infer_dims(blocks, data.x[:2])
-    graph = build_chunk_graph(plan, data.edge_index, blocks, torch.device("cpu"))
-    out: Dict[str, float] = {"cut": cut}
+    out: Dict[str, float] = {}
     for halo_gradients in ("detach", "stale"):
-        stage = GNNStage(blocks, list(range(len(blocks))), dims, graph, x=data.x,
-                         carry_x0=any(takes_x0(b) for b in blocks), halo_gradients=halo_gradients)
+        plan, stage = chunked_stage(data, model, num_chunks, "greedy", halo_gradients=halo_gradients)
+        out["cut"] = plan.edge_cut
         stage.forward_full(data.x, write_history=True)
-        x_pad, m = plan.pad(data.x), plan.max_chunk_size
-        nodes = torch.cat(list(plan.nodes))
         for _ in range(2 if halo_gradients == "stale" else 1):  # stale: the second pass applies the first's
             stage.next_epoch()
             model.zero_grad()
-            outs = [stage(x_pad[c * m: (c + 1) * m], chunk_id=torch.tensor([c]))[: plan.nodes[c].numel()]
-                    for c in range(plan.num_chunks)]
-            chunked = torch.zeros(data.num_nodes, num_classes).index_put((nodes,), torch.cat(outs))
+            chunked = chunked_forward(plan, stage, data.x, num_classes)
             F.cross_entropy(chunked[train], data.y[train]).backward()
         g = _grads(params)
         if halo_gradients == "detach":
