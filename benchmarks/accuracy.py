@@ -25,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
@@ -340,11 +341,11 @@ def study_averages(rows: List[Dict[str, object]]) -> List[str]:
 def command_block(args, runs) -> List[str]:
     """Return the markdown lines with the regenerating command and the cost of a run from scratch."""
     hours = sum(r["seconds"] for r in runs.values()) / 3600
-    return ["```bash", "python benchmarks/accuracy.py " + " ".join(sys.argv[1:]), "```", "",
+    return ["```bash", "python benchmarks/accuracy.py " + " ".join(sys.argv[1:]), "```", ""] + textwrap.wrap(
             f"It reads the {len(runs)} runs it needs from `benchmarks/results/accuracy_runs.jsonl` (seconds). On a "
             f"fresh machine, or with `--no-cache`, it computes them: {hours:.1f} hours of one CPU core "
             "(`--threads 1`), the sum of the seconds measured for each run and stored in the cache (measured on a "
-            "shared, loaded machine: an idle one needs less)."]
+            "shared, loaded machine: an idle one needs less).", 116, break_on_hyphens=False)
 
 
 def replace_block(text: str, name: str, lines: List[str]) -> str:
