@@ -2,6 +2,7 @@
 
 import inspect
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -21,19 +22,25 @@ OBJECTS = [lg.GNNPipeStrategy, GraphParallelStrategy, lg.GraphChunkDataModule, l
            measure_layer_seconds, measure_bandwidth]
 
 
-def main() -> None:
+def render() -> str:
+    """Return the text of docs/api.md generated from the docstrings of :data:`OBJECTS`."""
     lines = ["# API reference", "", "Generated from the docstrings by `python docs/make_api.py`.", ""]
     for obj in OBJECTS:
         target = obj.__init__ if inspect.isclass(obj) else obj
         try:
             sig = str(inspect.signature(target)).replace("(self, ", "(").replace("(self)", "()")
+            sig = re.sub(r"<function (\w+) at 0x[0-9a-f]+>", r"\1", sig)  # same text on every run
         except (TypeError, ValueError):
             sig = "(...)"
         lines += [f"## `{obj.__module__}.{obj.__name__}`", "", "```python", f"{obj.__name__}{sig}", "```", "",
                   inspect.getdoc(obj) or "", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "api.md")
     with open(path, "w") as f:
-        f.write("\n".join(lines))
+        f.write(render())
 
 
 if __name__ == "__main__":
