@@ -375,12 +375,9 @@ def write_report(args, runs) -> None:
     text = replace_block(text, "table", table(rows["table"]))
     if rows["study"]:
         text = replace_block(text, "study", table(rows["study"]) + [""] + study_averages(rows["study"]))
-    if rows["seeds"]:
-        text = replace_block(text, "seeds", table(rows["seeds"]))
-    if rows["longer"]:
-        text = replace_block(text, "longer", table(rows["longer"]))
-    if rows["techniques"]:
-        text = replace_block(text, "techniques", table(rows["techniques"]))
+    for name in ("seeds", "longer", "techniques"):
+        if rows[name]:
+            text = replace_block(text, name, table(rows[name]))
     with open(path, "w") as f:
         f.write(text)
     plot(args, runs)
