@@ -10,8 +10,9 @@ Modes:
 
 * default: every scenario is a fresh world of forked gloo ranks (``tests/world.py``, the
   torchrun way of launching: no launcher between the ranks), about 1-2 s per scenario;
-* ``--pytest``: runs ``python -m pytest tests/test_exactness.py -k four_chunks`` (the real
-  spawn launcher, a fresh interpreter per rank) once per run, which is slower.
+* ``--pytest``: runs the tests of ``tests/test_exactness.py`` that use the strategy's real
+  spawn launcher (a fresh interpreter per rank; ``-k "one_chunk_two_stages or every_stage_trains"``)
+  once per run, which is slower.
 
 Usage (from the repository root)::
 
@@ -51,9 +52,12 @@ def run_world_scenario(stages: int, schedule: str, dm, ref: List[float], timeout
     return "passed" if ok else "failed"
 
 
+SPAWN_TESTS = "one_chunk_two_stages or every_stage_trains"  # the exactness tests that spawn their ranks
+
+
 def run_pytest(timeout: float) -> str:
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:warnings", "tests/test_exactness.py", "-k",
-           "four_chunks"]
+           SPAWN_TESTS]
     try:
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -73,7 +77,7 @@ def main() -> None:
     if args.pytest:
         for i in range(args.runs):
             outcome = run_pytest(args.timeout * len(SCENARIOS))
-            counts[("pytest tests/test_exactness.py -k four_chunks", outcome)] += 1
+            counts[(f"pytest tests/test_exactness.py -k '{SPAWN_TESTS}'", outcome)] += 1
             print(f"run {i + 1}/{args.runs}: {outcome}", flush=True)
     else:
         from lightning_gnnpipe import GraphChunkDataModule

@@ -19,8 +19,9 @@ def graph():
 def test_one_chunk_two_stages_equals_single_device(tmp_path, graph):
     dm = GraphChunkDataModule(graph, num_chunks=1)
     single = fit(str(tmp_path / "s"), GCNModule(16, 32, 4, 4), dm, devices=1, epochs=EPOCHS)[0]
+    # The strategy's own spawn launcher, as a user's script runs it (the other tests fork a world).
     ranks = fit(str(tmp_path / "p"), GCNModule(16, 32, 4, 4), dm, devices=2, strategy=GNNPipeStrategy(),
-                epochs=EPOCHS)
+                epochs=EPOCHS, launcher="spawn")
     assert len(losses(single)) == EPOCHS
     torch.testing.assert_close(losses(ranks[0]), losses(single), atol=1e-5, rtol=0)
     assert losses(ranks[0]) == losses(ranks[1])  # every rank logs the last stage's loss

@@ -12,6 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule
 from tests.helpers import ChunkLossGCN, GCNModule, MetricRecorder, fit, losses, read_metrics, sbm_graph
+from tests.world import run_world, values
 
 
 @pytest.fixture(scope="module")
@@ -114,9 +115,13 @@ def test_multi_stage_checkpoint_and_exact_eval(tmp_path, graph):
     module = ProbeGCN(16, 32, 4, 4)
     last = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_last=True)
     strategy = GNNPipeStrategy(schedule="zbv", stages_per_rank=2, save_history=True)
-    trainer = _trainer(tmp_path, 3, strategy=strategy, logger=False, callbacks=[last])
-    trainer.fit(module, datamodule=dm)
-    metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
+
+    def job():
+        trainer = _trainer(tmp_path, 3, strategy=strategy, logger=False, callbacks=[last])
+        trainer.fit(module, datamodule=dm)
+        return trainer.validate(module, datamodule=dm, verbose=False)[0]
+
+    metrics = values(run_world(2, job))[0]  # forked ranks, the torchrun way (no launcher)
 
     # Eval through the stages equals the unsplit model with the checkpoint's weights.
     state, plain, out = _plain_from_checkpoint(str(tmp_path / "ckpt" / "last.ckpt"), ProbeGCN, graph)
