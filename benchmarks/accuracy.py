@@ -116,7 +116,7 @@ SEED_STUDY_SEEDS = list(range(10))
 # ... (dataset, model) -> (epochs, modes, seeds) of the longer runs (the large graphs, more epochs than the table) ...
 LONGER: Dict[Tuple[str, str], Tuple[int, List[str], List[int]]] = {
     ("Tolokers", "resgcn8"): (100, ["exact", "pipe-K8-default"], [0, 1, 2]),
-    ("Tolokers", "gcnii16"): (100, ["exact", "pipe-K8-default"], [0, 1, 2]),
+    ("Tolokers", "gcnii16"): (100, ["exact", "pipe-K8-default", "pipe-K8-halograd"], [0, 1, 2]),
 }
 # ... (dataset, model) -> (epochs, modes, seeds) of techniques tried on a large-graph pair outside the criterion ...
 LARGE_TECHNIQUES: Dict[Tuple[str, str], Tuple[int, List[str], List[int]]] = {
