@@ -97,10 +97,11 @@ def main() -> None:
 
     names = sorted({name for name, _ in counts})
     print(f"\n{args.runs} runs in {time.monotonic() - start:.0f} s (timeout {args.timeout:.0f} s per scenario)")
-    print(f"| {'scenario':<46} | passed | failed | timed out |")
-    print(f"|{'-' * 48}|--------|--------|-----------|")
+    width = max([46] + [len(name) for name in names])
+    print(f"| {'scenario':<{width}} | passed | failed | timed out |")
+    print(f"|{'-' * (width + 2)}|--------|--------|-----------|")
     for name in names:
-        print(f"| {name:<46} | {counts[(name, 'passed')]:>6} | {counts[(name, 'failed')]:>6} | "
+        print(f"| {name:<{width}} | {counts[(name, 'passed')]:>6} | {counts[(name, 'failed')]:>6} | "
               f"{counts[(name, 'timed out')]:>9} |")
     bad = sum(v for (_, outcome), v in counts.items() if outcome != "passed")
     sys.exit(1 if bad else 0)
