@@ -120,6 +120,7 @@ LONGER: Dict[Tuple[str, str], Tuple[int, List[str], List[int]]] = {
 }
 # ... (dataset, model) -> (epochs, modes, seeds) of techniques tried on a large-graph pair outside the criterion ...
 LARGE_TECHNIQUES: Dict[Tuple[str, str], Tuple[int, List[str], List[int]]] = {
+    ("Tolokers", "resgcn8"): (30, ["exact", "pipe-K8-default", "pipe-K8-halograd"], [0, 1, 2]),
     ("Tolokers", "gcnii16"): (30, ["exact", "pipe-K8-default", "pipe-K8-halograd"], [0, 1, 2]),
 }
 # ... and the validation curves of the PNG (seed 0, TABLE_MODES).
