@@ -144,14 +144,14 @@ def fit(directory: str, module: LightningModule, datamodule, devices: int = 2, s
 
     Returns the per-epoch metrics of every rank.
     """
+    if launcher not in ("fork", "spawn"):
+        raise ValueError(f"launcher must be 'fork' or 'spawn' (got {launcher!r})")
     if strategy is not None and launcher == "fork":
         from tests.world import run_world, values
 
         values(run_world(devices, _fit_here, directory, module, datamodule, devices, strategy, epochs,
                          trainer_kwargs, timeout=300.0))
         return [read_metrics(directory, r) for r in range(devices)]
-    if launcher not in ("fork", "spawn"):
-        raise ValueError(f"launcher must be 'fork' or 'spawn' (got {launcher!r})")
     _fit_here(directory, module, datamodule, devices, strategy, epochs, trainer_kwargs)
     return [read_metrics(directory, r) for r in range(devices)]
 
