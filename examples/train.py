@@ -28,47 +28,59 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule  # noqa: E402
 from lightning_gnnpipe.datasets import load_planetoid  # noqa: E402
+from lightning_gnnpipe.nn import NodeDropout  # noqa: E402
 from lightning_gnnpipe.nn.stack import BlockStack  # noqa: E402
 
 
+def make_dropout(p: float, per_node: bool) -> nn.Module:
+    """``NodeDropout`` (one mask per node, the same in every chunk) or plain ``nn.Dropout``."""
+    return NodeDropout(p) if per_node else nn.Dropout(p)
+
+
 class InputBlock(nn.Module):
-    def __init__(self, in_channels: int, hidden: int, dropout: float) -> None:
+    def __init__(self, in_channels: int, hidden: int, dropout: float, node_dropout: bool = False) -> None:
         super().__init__()
-        self.conv, self.dropout = GCNConv(in_channels, hidden), dropout
+        self.conv, self.drop = GCNConv(in_channels, hidden), make_dropout(dropout, node_dropout)
 
     def forward(self, x, edge_index):
-        return self.conv(F.dropout(x, self.dropout, self.training), edge_index)
+        return self.conv(self.drop(x), edge_index)
 
 
 class ResidualBlock(nn.Module):
     """Pre-activation residual GCN layer (DeepGCN 'res+': norm, act, dropout, conv, add)."""
 
-    def __init__(self, hidden: int, dropout: float) -> None:
+    def __init__(self, hidden: int, dropout: float, node_dropout: bool = False) -> None:
         super().__init__()
-        self.norm, self.conv, self.dropout = nn.LayerNorm(hidden), GCNConv(hidden, hidden), dropout
+        self.norm, self.conv = nn.LayerNorm(hidden), GCNConv(hidden, hidden)
+        self.drop = make_dropout(dropout, node_dropout)
 
     def forward(self, x, edge_index):
-        h = F.dropout(F.relu(self.norm(x)), self.dropout, self.training)
-        return x + self.conv(h, edge_index)
+        return x + self.conv(self.drop(F.relu(self.norm(x))), edge_index)
 
 
 class OutputBlock(nn.Module):
-    def __init__(self, hidden: int, out_channels: int, dropout: float) -> None:
+    def __init__(self, hidden: int, out_channels: int, dropout: float, node_dropout: bool = False) -> None:
         super().__init__()
-        self.norm, self.conv, self.dropout = nn.LayerNorm(hidden), GCNConv(hidden, out_channels), dropout
+        self.norm, self.conv = nn.LayerNorm(hidden), GCNConv(hidden, out_channels)
+        self.drop = make_dropout(dropout, node_dropout)
 
     def forward(self, x, edge_index):
-        return self.conv(F.dropout(F.relu(self.norm(x)), self.dropout, self.training), edge_index)
+        return self.conv(self.drop(F.relu(self.norm(x))), edge_index)
 
 
 class DeepResGCN(BlockStack):
-    """``num_layers`` GCN layers with residual connections, declared as pipeline blocks."""
+    """``num_layers`` GCN layers with residual connections, declared as pipeline blocks.
 
-    def __init__(self, in_channels: int, hidden: int, out_channels: int, num_layers: int, dropout: float) -> None:
+    ``node_dropout=True`` uses :class:`~lightning_gnnpipe.nn.NodeDropout` (one mask per node and epoch, the same
+    in every chunk that reads the node) instead of ``nn.Dropout``.
+    """
+
+    def __init__(self, in_channels: int, hidden: int, out_channels: int, num_layers: int, dropout: float,
+                 node_dropout: bool = False) -> None:
         super().__init__(
-            [InputBlock(in_channels, hidden, dropout)]
-            + [ResidualBlock(hidden, dropout) for _ in range(num_layers - 2)]
-            + [OutputBlock(hidden, out_channels, dropout)]
+            [InputBlock(in_channels, hidden, dropout, node_dropout)]
+            + [ResidualBlock(hidden, dropout, node_dropout) for _ in range(num_layers - 2)]
+            + [OutputBlock(hidden, out_channels, dropout, node_dropout)]
         )
 
 

@@ -14,14 +14,20 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import GCN2Conv
 
+from lightning_gnnpipe.nn.dropout import NodeDropout
+
+
+def _dropout(p: float, per_node: bool) -> nn.Module:
+    return NodeDropout(p) if per_node else nn.Dropout(p)
+
 
 class _Input(nn.Module):
-    def __init__(self, in_channels: int, hidden: int, dropout: float) -> None:
+    def __init__(self, in_channels: int, hidden: int, dropout: float, node_dropout: bool = False) -> None:
         super().__init__()
-        self.lin, self.dropout = nn.Linear(in_channels, hidden), dropout
+        self.lin, self.drop = nn.Linear(in_channels, hidden), _dropout(dropout, node_dropout)
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        return F.relu(self.lin(F.dropout(x, self.dropout, self.training)))
+        return F.relu(self.lin(self.drop(x)))
 
 
 class GCNIILayer(nn.Module):
@@ -29,22 +35,23 @@ class GCNIILayer(nn.Module):
 
     takes_x0 = True
 
-    def __init__(self, hidden: int, alpha: float, theta: float, layer: int, dropout: float) -> None:
+    def __init__(self, hidden: int, alpha: float, theta: float, layer: int, dropout: float,
+                 node_dropout: bool = False) -> None:
         super().__init__()
         self.conv = GCN2Conv(hidden, alpha, theta, layer, shared_weights=True, normalize=True)
-        self.dropout = dropout
+        self.drop = _dropout(dropout, node_dropout)
 
     def forward(self, x: Tensor, edge_index: Tensor, x0: Tensor) -> Tensor:
-        return F.relu(self.conv(F.dropout(x, self.dropout, self.training), x0, edge_index))
+        return F.relu(self.conv(self.drop(x), x0, edge_index))
 
 
 class _Output(nn.Module):
-    def __init__(self, hidden: int, out_channels: int, dropout: float) -> None:
+    def __init__(self, hidden: int, out_channels: int, dropout: float, node_dropout: bool = False) -> None:
         super().__init__()
-        self.lin, self.dropout = nn.Linear(hidden, out_channels), dropout
+        self.lin, self.drop = nn.Linear(hidden, out_channels), _dropout(dropout, node_dropout)
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        return self.lin(F.dropout(x, self.dropout, self.training))
+        return self.lin(self.drop(x))
 
 
 class GCNII(nn.Module):
@@ -58,18 +65,20 @@ class GCNII(nn.Module):
         alpha: Initial-residual weight.
         theta: Identity-mapping strength (``beta_l = log(theta / l + 1)``).
         dropout: Dropout probability before every layer.
+        node_dropout: Use :class:`~lightning_gnnpipe.nn.NodeDropout` (one mask per node and epoch, the same in
+            every chunk that reads the node) instead of ``nn.Dropout``.
 
     Shapes:
         ``forward``: ``x`` ``(|V|, F)``, ``edge_index`` ``(2, |E|)`` -> ``(|V|, C)``.
     """
 
     def __init__(self, in_channels: int, hidden: int, out_channels: int, num_layers: int, alpha: float = 0.1,
-                 theta: float = 0.5, dropout: float = 0.5) -> None:
+                 theta: float = 0.5, dropout: float = 0.5, node_dropout: bool = False) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(
-            [_Input(in_channels, hidden, dropout)]
-            + [GCNIILayer(hidden, alpha, theta, i + 1, dropout) for i in range(num_layers)]
-            + [_Output(hidden, out_channels, dropout)]
+            [_Input(in_channels, hidden, dropout, node_dropout)]
+            + [GCNIILayer(hidden, alpha, theta, i + 1, dropout, node_dropout) for i in range(num_layers)]
+            + [_Output(hidden, out_channels, dropout, node_dropout)]
         )
 
     def pipeline_blocks(self) -> List[nn.Module]:

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from lightning_gnnpipe.comm.slot_exchange import StageExchange
 from lightning_gnnpipe.history.halo_grad import HaloGradients
 from lightning_gnnpipe.history.history import History
+from lightning_gnnpipe.nn.dropout import node_rows
 from lightning_gnnpipe.nn.normalization import normalized_convs, precomputed_norm
 from lightning_gnnpipe.nn.stack import call_block, uses_graph
 from lightning_gnnpipe.pipeline.graph import ChunkGraph
@@ -82,6 +83,7 @@ class GNNStage(nn.Module):
         self.carry_x0 = carry_x0
         self.x0_channels = dims[1]
         self.is_first, self.is_last = layer_ids[0] == 0, layer_ids[-1] == len(dims) - 2
+        self.epoch = 0
         self._uses_graph = [uses_graph(b) for b in blocks]
         self._norm_convs = [normalized_convs(b) for b in blocks]
         num_nodes = sum(int(n.numel()) for n in graph.nodes)
@@ -107,7 +109,8 @@ class GNNStage(nn.Module):
     def _run_block(self, j: int, x_local: Tensor, c: int, h0: Optional[Tensor]) -> Tensor:
         if h0 is not None:  # x0 of halo rows is never used for inner outputs: pad with zeros
             h0 = F.pad(h0, (0, 0, 0, x_local.size(0) - h0.size(0)))
-        with precomputed_norm(self._norm_convs[j], self.graph.norm_edges[c]):
+        ids = torch.cat([self.graph.nodes[c], self.graph.halo[c]])  # rows of x_local, for NodeDropout
+        with precomputed_norm(self._norm_convs[j], self.graph.norm_edges[c]), node_rows(ids, self.epoch):
             return call_block(self.blocks[j], x_local, self.graph.edge_index[c], h0)
 
     def _outputs(self, h: Tensor, h0: Optional[Tensor], rows: int):
@@ -125,7 +128,8 @@ class GNNStage(nn.Module):
         h0 = carried[0][:n] if carried else None
         for j, layer in enumerate(self.layer_ids):
             if not self._uses_graph[j]:
-                h = call_block(self.blocks[j], h, self.graph.edge_index[c][:, :0], h0)
+                with node_rows(nodes, self.epoch):
+                    h = call_block(self.blocks[j], h, self.graph.edge_index[c][:, :0], h0)
                 h0 = h if layer == 0 and self.carry_x0 else h0
                 continue
             if layer == 0:
@@ -147,8 +151,14 @@ class GNNStage(nn.Module):
             h0 = h if layer == 0 and self.carry_x0 else h0
         return self._outputs(h, h0, self.graph.max_chunk_size)
 
-    def next_epoch(self) -> None:
-        """Start a training epoch: last epoch's collected halo gradients become the ones applied."""
+    def next_epoch(self, epoch: Optional[int] = None) -> None:
+        """Start a training epoch: last epoch's collected halo gradients become the ones applied.
+
+        Args:
+            epoch: The epoch that starts (keys :class:`~lightning_gnnpipe.nn.NodeDropout`'s masks); ``None``
+                counts one more than the last.
+        """
+        self.epoch = self.epoch + 1 if epoch is None else int(epoch)
         for grads in self.halo_grads.values():
             grads.next_epoch()
 
@@ -179,7 +189,8 @@ class GNNStage(nn.Module):
                 if drift is not None:
                     drift[layer] = d
             if not self._uses_graph[j]:
-                h = call_block(self.blocks[j], h, g.edge_index[0][:, :0], h0)
+                with node_rows(torch.arange(h.size(0), device=h.device), self.epoch):
+                    h = call_block(self.blocks[j], h, g.edge_index[0][:, :0], h0)
             else:
                 out: Optional[Tensor] = None
                 for c in range(g.num_chunks):

@@ -541,7 +541,7 @@ class GNNPipeStrategy(ParallelStrategy):
                 for layer, value in sorted(drift.items()):
                     lm.log(f"gnnpipe/drift_layer{layer}", value, **log)
         for stage in self._stages:
-            stage.next_epoch()
+            stage.next_epoch(epoch)
         if self.log_staleness:
             lm.log("gnnpipe/stale_edge_fraction", self._stale_stats[0], **log)
             lm.log("gnnpipe/stale_age_epochs", self._stale_stats[1], **log)

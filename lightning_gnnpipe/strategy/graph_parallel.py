@@ -26,6 +26,7 @@ from lightning_gnnpipe.comm.accounting import CommStats, log_comm
 from lightning_gnnpipe.comm.gradients import all_reduce_grads
 from lightning_gnnpipe.comm.halo import HaloPlan, build_halo_plan, exchange_halo
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
+from lightning_gnnpipe.nn.dropout import node_rows
 from lightning_gnnpipe.nn.normalization import check_supported, normalized_convs, precomputed_norm
 from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack, uses_graph
 from lightning_gnnpipe.pipeline.graph import ChunkGraph, build_chunk_graph
@@ -54,18 +55,21 @@ class PartitionForward(nn.Module):
         self._uses_graph = [uses_graph(b) for b in blocks]
         self._norm_convs = [normalized_convs(b) for b in blocks]
 
-    def forward(self, stats: Optional[CommStats] = None, group=None) -> Tensor:
+    def forward(self, stats: Optional[CommStats] = None, group=None, epoch: int = 0) -> Tensor:
+        """This part's output rows ``(n_r, C)``; ``epoch`` keys :class:`~lightning_gnnpipe.nn.NodeDropout`'s masks."""
         g, r = self.graph, self.part
         h = self.x[g.nodes[r]]
         n = h.size(0)
+        rows = torch.cat([g.nodes[r], g.halo[r]])  # global id of each row of a block's input
         first = True  # h still holds the input features, whose halo rows every rank has
         for j, block in enumerate(self.blocks):
             if not self._uses_graph[j]:
-                h = block(h, g.edge_index[r][:, :0])
+                with node_rows(g.nodes[r], epoch):
+                    h = block(h, g.edge_index[r][:, :0])
                 first = False
                 continue
             halo_rows = self.x[g.halo[r]] if first else exchange_halo(h, self.halo, stats, group)
-            with precomputed_norm(self._norm_convs[j], g.norm_edges[r]):
+            with precomputed_norm(self._norm_convs[j], g.norm_edges[r]), node_rows(rows, epoch):
                 h = block(torch.cat([h, halo_rows.to(h.dtype)]), g.edge_index[r])[:n]
             first = False
         return h
@@ -170,7 +174,7 @@ class GraphParallelStrategy(GNNPipeStrategy):
         stats.reset()
         t0 = time.perf_counter()
         with self.precision_plugin.train_step_context():
-            out = self._forward(stats)
+            out = self._forward(stats, epoch=lm.trainer.current_epoch)
             logits = self._gather_logits(out, stats)
             grad, output = output_grad(lambda full: self._user_loss(full, batch, args, kwargs), logits)
             out.backward(grad[self._nodes[self.global_rank]])

@@ -1,0 +1,123 @@
+"""NodeDropout: one mask per node and epoch, the same in the owner chunk and in every chunk that reads the node."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch_geometric.nn import GCNConv
+
+from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy
+from lightning_gnnpipe.nn import NodeDropout, node_rows
+from lightning_gnnpipe.nn.dropout import node_mask
+from lightning_gnnpipe.nn.stack import BlockStack
+from tests.helpers import GNNModule, fit, losses, sbm_graph
+from tests.test_stage import make_stages
+
+
+class DropConv(nn.Module):
+    """Dropout on the layer's input, then GCNConv and ReLU."""
+
+    def __init__(self, in_channels: int, out_channels: int, drop: nn.Module) -> None:
+        super().__init__()
+        self.drop, self.conv = drop, GCNConv(in_channels, out_channels)
+
+    def forward(self, x, edge_index):
+        return F.relu(self.conv(self.drop(x), edge_index))
+
+
+def chunked_forward(plan, stages, x):
+    """Run every chunk through the stages once, in chunk order (no refresh); return ``(|V|, C)``."""
+    m, x_pad, out = plan.max_chunk_size, plan.pad(x), None
+    for c in range(plan.num_chunks):
+        h = x_pad[c * m: (c + 1) * m]
+        for stage in stages:
+            h = stage(h, chunk_id=torch.tensor([c]))
+        out = torch.zeros(x.size(0), h.size(-1)) if out is None else out
+        out[plan.nodes[c]] = h[: plan.nodes[c].numel()]
+    return out
+
+
+def test_mask_depends_only_on_seed_epoch_node_and_column():
+    ids = torch.arange(20000)
+    full = node_mask(ids, 64, 0.3, seed=7, epoch=2)
+    perm = torch.randperm(ids.numel())[:500]
+    assert torch.equal(node_mask(ids[perm], 64, 0.3, seed=7, epoch=2), full[perm])  # any subset, any order
+    assert abs(float(full.float().mean()) - 0.7) < 0.005  # 1.28 M entries kept with probability 1 - p
+    agree = float((node_mask(ids, 64, 0.3, seed=7, epoch=3) == full).float().mean())
+    assert abs(agree - (0.7 ** 2 + 0.3 ** 2)) < 0.005  # another epoch: an independent mask
+    assert not torch.equal(node_mask(ids, 64, 0.3, seed=8, epoch=2), full)
+
+
+def test_node_dropout_outside_a_context_and_in_eval():
+    drop = NodeDropout(0.5, seed=1)
+    x = torch.ones(100, 8)
+    assert torch.equal(drop.eval()(x), x)
+    drop.train()
+    with node_rows(torch.arange(100) + 5, epoch=0):
+        y = drop(x)
+    assert torch.equal(y, node_mask(torch.arange(100) + 5, 8, 0.5, 1, 0).float() * 2)
+    assert set(drop(x).unique().tolist()) <= {0.0, 2.0}  # no context: plain dropout
+    with node_rows(torch.arange(99), epoch=0), pytest.raises(ValueError, match=r"\(99, d\) \(got \(100, 8\)\)"):
+        drop(x)
+    with pytest.raises(ValueError, match=r"\[0, 1\) \(got 1.0\)"):
+        NodeDropout(1.0)
+
+
+@pytest.mark.parametrize("dropout", ["node", "plain"])
+def test_chunked_training_forward_equals_full_graph_with_the_same_masks(cora, dropout):
+    """Within one epoch at fixed weights, L passes make every table row current: with NodeDropout the chunked
+    training forward (halo rows included) then equals the full-graph forward under the same masks; with plain
+    dropout, whose masks are drawn per chunk and per pass, it does not."""
+    torch.manual_seed(0)
+    make = (lambda: NodeDropout(0.5)) if dropout == "node" else (lambda: nn.Dropout(0.5))
+    model = BlockStack([DropConv(cora.num_features, 32, make()), DropConv(32, 32, make()),
+                        DropConv(32, 7, make())]).train()
+    with node_rows(torch.arange(cora.num_nodes), epoch=4):
+        exact = model(cora.x, cora.edge_index)
+    plan, stages = make_stages(model, cora, num_chunks=8, num_stages=2)
+    for stage in stages:
+        stage.next_epoch(4)
+    with torch.no_grad():
+        for _ in range(3):  # pass p makes the tables of layers <= p current
+            out = chunked_forward(plan, stages, cora.x)
+    if dropout == "node":
+        torch.testing.assert_close(out, exact.detach(), atol=1e-5, rtol=1e-5)
+        # An exact refresh in training mode draws the epoch's masks too: one pass after it is already exact.
+        plan, stages = make_stages(model, cora, num_chunks=8, num_stages=2)
+        h = cora.x
+        for stage in stages:
+            stage.next_epoch(4)
+            h = stage.forward_full(h, write_history=True)
+        torch.testing.assert_close(h, exact.detach(), atol=1e-5, rtol=1e-5)
+        with torch.no_grad():
+            torch.testing.assert_close(chunked_forward(plan, stages, cora.x), exact.detach(), atol=1e-5, rtol=1e-5)
+    else:
+        assert float((out - exact).abs().max()) > 0.1
+
+
+class NodeDropoutModule(GNNModule):
+    """Single-device training declares every row's node id, so its masks are the ones the parts draw."""
+
+    def training_step(self, batch, batch_idx):
+        with node_rows(torch.arange(batch.num_nodes), self.current_epoch):
+            return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("mode", ["graph-parallel", "pipeline-one-chunk"])
+def test_node_dropout_training_equals_single_device(tmp_path, mode):
+    """With NodeDropout (p = 0.5), training with the strategies equals single-device training with the same masks:
+    graph parallelism exchanges current halo rows every layer and each part drops them as their owner does; a
+    2-stage pipeline with one chunk (no halo) keys the masks by the trainer's epoch, as single-device training."""
+    graph = sbm_graph(num_nodes=400)
+    chunks, strategy = (2, GraphParallelStrategy()) if mode == "graph-parallel" else (1, GNNPipeStrategy())
+
+    def module():
+        torch.manual_seed(0)
+        return NodeDropoutModule(BlockStack([DropConv(16, 32, NodeDropout(0.5)), DropConv(32, 32, NodeDropout(0.5)),
+                                             DropConv(32, 4, NodeDropout(0.5))]))
+
+    single = fit(str(tmp_path / "single"), module(), GraphChunkDataModule(graph, num_chunks=1), devices=1)
+    parts = fit(str(tmp_path / "parts"), module(), GraphChunkDataModule(graph, num_chunks=chunks), devices=2,
+                strategy=strategy)
+    torch.testing.assert_close(losses(parts[0]), losses(single[0]), atol=1e-5, rtol=0)
+    assert len(set(losses(single[0]))) == 5  # 5 epochs, 5 different masks and weights
