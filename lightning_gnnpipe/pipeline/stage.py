@@ -9,7 +9,9 @@ it receives the chunk's own rows ``(M, d)`` (padded), and for each owned layer i
 3. runs the block on ``[inner; halo]`` and keeps the inner rows.
 
 The first layer reads its halo rows straight from the node features, which never go stale.
-Only the chunk's own rows leave the stage, padded back to ``M`` rows.
+Only the chunk's own rows leave the stage, padded back to ``M`` rows. Every block call declares
+the global node id of each row and the epoch (:func:`~lightning_gnnpipe.nn.node_rows`), so that
+:class:`~lightning_gnnpipe.nn.NodeDropout` drops a halo row exactly as its owner chunk does.
 """
 
 from __future__ import annotations
@@ -83,7 +85,8 @@ class GNNStage(nn.Module):
         self.carry_x0 = carry_x0
         self.x0_channels = dims[1]
         self.is_first, self.is_last = layer_ids[0] == 0, layer_ids[-1] == len(dims) - 2
-        self.epoch = 0
+        self.epoch = 0  # keys NodeDropout's masks (next_epoch)
+        self._rows = [torch.cat([n, h]) for n, h in zip(graph.nodes, graph.halo)]  # global id of each local row
         self._uses_graph = [uses_graph(b) for b in blocks]
         self._norm_convs = [normalized_convs(b) for b in blocks]
         num_nodes = sum(int(n.numel()) for n in graph.nodes)
@@ -109,8 +112,7 @@ class GNNStage(nn.Module):
     def _run_block(self, j: int, x_local: Tensor, c: int, h0: Optional[Tensor]) -> Tensor:
         if h0 is not None:  # x0 of halo rows is never used for inner outputs: pad with zeros
             h0 = F.pad(h0, (0, 0, 0, x_local.size(0) - h0.size(0)))
-        ids = torch.cat([self.graph.nodes[c], self.graph.halo[c]])  # rows of x_local, for NodeDropout
-        with precomputed_norm(self._norm_convs[j], self.graph.norm_edges[c]), node_rows(ids, self.epoch):
+        with precomputed_norm(self._norm_convs[j], self.graph.norm_edges[c]), node_rows(self._rows[c], self.epoch):
             return call_block(self.blocks[j], x_local, self.graph.edge_index[c], h0)
 
     def _outputs(self, h: Tensor, h0: Optional[Tensor], rows: int):
