@@ -103,13 +103,18 @@ class NodeDropoutModule(GNNModule):
             return super().training_step(batch, batch_idx)
 
 
-@pytest.mark.parametrize("mode", ["graph-parallel", "pipeline-one-chunk"])
+@pytest.mark.parametrize("mode", ["graph-parallel", "pipeline-one-chunk", "hybrid-one-slot"])
 def test_node_dropout_training_equals_single_device(tmp_path, mode):
     """With NodeDropout (p = 0.5), training with the strategies equals single-device training with the same masks:
     graph parallelism exchanges current halo rows every layer and each part drops them as their owner does; a
-    2-stage pipeline with one chunk (no halo) keys the masks by the trainer's epoch, as single-device training."""
+    2-stage pipeline with one chunk (no halo) keys the masks by the trainer's epoch, as single-device training;
+    2 stages x 2 partitions with one chunk per partition (one slot: every halo row arrives live) do both."""
     graph = sbm_graph(num_nodes=400)
-    chunks, strategy = (2, GraphParallelStrategy()) if mode == "graph-parallel" else (1, GNNPipeStrategy())
+    chunks, parts, devices, strategy = {
+        "graph-parallel": (2, 1, 2, GraphParallelStrategy()),
+        "pipeline-one-chunk": (1, 1, 2, GNNPipeStrategy()),
+        "hybrid-one-slot": (2, 2, 4, GNNPipeStrategy(graph_parallel_size=2)),
+    }[mode]
 
     def module():
         torch.manual_seed(0)
@@ -117,7 +122,7 @@ def test_node_dropout_training_equals_single_device(tmp_path, mode):
                                              DropConv(32, 4, NodeDropout(0.5))]))
 
     single = fit(str(tmp_path / "single"), module(), GraphChunkDataModule(graph, num_chunks=1), devices=1)
-    parts = fit(str(tmp_path / "parts"), module(), GraphChunkDataModule(graph, num_chunks=chunks), devices=2,
-                strategy=strategy)
+    dm = GraphChunkDataModule(graph, num_chunks=chunks, num_parts=parts)
+    parts = fit(str(tmp_path / "parts"), module(), dm, devices=devices, strategy=strategy)
     torch.testing.assert_close(losses(parts[0]), losses(single[0]), atol=1e-5, rtol=0)
     assert len(set(losses(single[0]))) == 5  # 5 epochs, 5 different masks and weights
