@@ -28,13 +28,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule  # noqa: E402
 from lightning_gnnpipe.datasets import load_planetoid  # noqa: E402
-from lightning_gnnpipe.nn import NodeDropout  # noqa: E402
+from lightning_gnnpipe.nn import make_dropout  # noqa: E402  (NodeDropout or nn.Dropout)
 from lightning_gnnpipe.nn.stack import BlockStack  # noqa: E402
-
-
-def make_dropout(p: float, per_node: bool) -> nn.Module:
-    """``NodeDropout`` (one mask per node, the same in every chunk) or plain ``nn.Dropout``."""
-    return NodeDropout(p) if per_node else nn.Dropout(p)
 
 
 class InputBlock(nn.Module):

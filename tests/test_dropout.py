@@ -9,7 +9,8 @@ from torch_geometric.nn import GCNConv
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy
 from lightning_gnnpipe.nn import NodeDropout, node_rows
 from lightning_gnnpipe.nn.dropout import node_mask
-from lightning_gnnpipe.nn.stack import BlockStack
+from lightning_gnnpipe.nn.gcnii import GCNII
+from lightning_gnnpipe.nn.stack import BlockStack, NodeWise
 from tests.helpers import GNNModule, fit, losses, sbm_graph
 from tests.test_stage import make_stages
 
@@ -29,9 +30,11 @@ def chunked_forward(plan, stages, x):
     """Run every chunk through the stages once, in chunk order (no refresh); return ``(|V|, C)``."""
     m, x_pad, out = plan.max_chunk_size, plan.pad(x), None
     for c in range(plan.num_chunks):
-        h = x_pad[c * m: (c + 1) * m]
-        for stage in stages:
-            h = stage(h, chunk_id=torch.tensor([c]))
+        h = (x_pad[c * m: (c + 1) * m],)
+        for stage in stages:  # h, and h0 between the stages of GCNII
+            h = stage(*h, chunk_id=torch.tensor([c]))
+            h = h if isinstance(h, tuple) else (h,)
+        h = h[0]
         out = torch.zeros(x.size(0), h.size(-1)) if out is None else out
         out[plan.nodes[c]] = h[: plan.nodes[c].numel()]
     return out
@@ -43,8 +46,10 @@ def test_mask_depends_only_on_seed_epoch_node_and_column():
     perm = torch.randperm(ids.numel())[:500]
     assert torch.equal(node_mask(ids[perm], 64, 0.3, seed=7, epoch=2), full[perm])  # any subset, any order
     assert abs(float(full.float().mean()) - 0.7) < 0.005  # 1.28 M entries kept with probability 1 - p
-    agree = float((node_mask(ids, 64, 0.3, seed=7, epoch=3) == full).float().mean())
-    assert abs(agree - (0.7 ** 2 + 0.3 ** 2)) < 0.005  # another epoch: an independent mask
+    independent = 0.7 ** 2 + 0.3 ** 2  # probability that two independent entries agree
+    assert abs(float((node_mask(ids, 64, 0.3, seed=7, epoch=3) == full).float().mean()) - independent) < 0.005
+    assert abs(float((full[:, 0] == full[:, 1]).float().mean()) - independent) < 0.01  # columns are independent
+    assert abs(float((full[:-1] == full[1:]).float().mean()) - independent) < 0.005  # so are neighbouring ids
     assert not torch.equal(node_mask(ids, 64, 0.3, seed=8, epoch=2), full)
 
 
@@ -55,40 +60,52 @@ def test_node_dropout_outside_a_context_and_in_eval():
     drop.train()
     with node_rows(torch.arange(100) + 5, epoch=0):
         y = drop(x)
+        assert torch.equal(drop(x), y)  # the same nodes in the same epoch: the same mask
     assert torch.equal(y, node_mask(torch.arange(100) + 5, 8, 0.5, 1, 0).float() * 2)
+    with node_rows(torch.arange(100) + 5, epoch=1):
+        assert not torch.equal(drop(x), y)
+    assert int(drop.state_dict()["seed"]) == 1  # checkpointed and broadcast with the weights
     assert set(drop(x).unique().tolist()) <= {0.0, 2.0}  # no context: plain dropout
     with node_rows(torch.arange(99), epoch=0), pytest.raises(ValueError, match=r"\(99, d\) \(got \(100, 8\)\)"):
         drop(x)
     with pytest.raises(ValueError, match=r"\[0, 1\) \(got 1.0\)"):
         NodeDropout(1.0)
+    with pytest.raises(ValueError, match=r"1-D integer tensor of node ids \(got dtype torch.float32, shape \(4,\)\)"):
+        with node_rows(torch.zeros(4), epoch=0):
+            pass
 
 
-@pytest.mark.parametrize("dropout", ["node", "plain"])
-def test_chunked_training_forward_equals_full_graph_with_the_same_masks(cora, dropout):
+@pytest.mark.parametrize("dropout,model_name", [("node", "dropconv"), ("plain", "dropconv"), ("node", "gcnii")])
+def test_chunked_training_forward_equals_full_graph_with_the_same_masks(cora, dropout, model_name):
     """Within one epoch at fixed weights, L passes make every table row current: with NodeDropout the chunked
     training forward (halo rows included) then equals the full-graph forward under the same masks; with plain
-    dropout, whose masks are drawn per chunk and per pass, it does not."""
+    dropout, whose masks are drawn per chunk and per pass, it does not. Both models start with a node-wise block
+    (an input Linear after dropout) and GCNII carries x0 through the stages."""
     torch.manual_seed(0)
-    make = (lambda: NodeDropout(0.5)) if dropout == "node" else (lambda: nn.Dropout(0.5))
-    model = BlockStack([DropConv(cora.num_features, 32, make()), DropConv(32, 32, make()),
-                        DropConv(32, 7, make())]).train()
+    if model_name == "gcnii":
+        model = GCNII(cora.num_features, 32, 7, num_layers=3, node_dropout=True).train()
+    else:
+        make = (lambda: NodeDropout(0.5)) if dropout == "node" else (lambda: nn.Dropout(0.5))
+        model = BlockStack([NodeWise(nn.Sequential(make(), nn.Linear(cora.num_features, 32))),
+                            DropConv(32, 32, make()), DropConv(32, 32, make()), DropConv(32, 7, make())]).train()
     with node_rows(torch.arange(cora.num_nodes), epoch=4):
         exact = model(cora.x, cora.edge_index)
     plan, stages = make_stages(model, cora, num_chunks=8, num_stages=2)
     for stage in stages:
         stage.next_epoch(4)
     with torch.no_grad():
-        for _ in range(3):  # pass p makes the tables of layers <= p current
+        for _ in range(4):  # pass p makes the tables of layers <= p current
             out = chunked_forward(plan, stages, cora.x)
     if dropout == "node":
         torch.testing.assert_close(out, exact.detach(), atol=1e-5, rtol=1e-5)
         # An exact refresh in training mode draws the epoch's masks too: one pass after it is already exact.
         plan, stages = make_stages(model, cora, num_chunks=8, num_stages=2)
-        h = cora.x
+        h = (cora.x,)
         for stage in stages:
             stage.next_epoch(4)
-            h = stage.forward_full(h, write_history=True)
-        torch.testing.assert_close(h, exact.detach(), atol=1e-5, rtol=1e-5)
+            h = stage.forward_full(*h, write_history=True)
+            h = h if isinstance(h, tuple) else (h,)
+        torch.testing.assert_close(h[0], exact.detach(), atol=1e-5, rtol=1e-5)
         with torch.no_grad():
             torch.testing.assert_close(chunked_forward(plan, stages, cora.x), exact.detach(), atol=1e-5, rtol=1e-5)
     else:

@@ -1,5 +1,5 @@
 """Adapters that make PyG models splittable into stages, and chunk-aware layers."""
 
-from lightning_gnnpipe.nn.dropout import NodeDropout, node_rows
+from lightning_gnnpipe.nn.dropout import NodeDropout, make_dropout, node_rows
 
-__all__ = ["NodeDropout", "node_rows"]
+__all__ = ["NodeDropout", "make_dropout", "node_rows"]

@@ -3,9 +3,9 @@
 With plain dropout (``F.dropout``, ``nn.Dropout``) on a layer's input, a chunk draws a new mask for every row it
 holds, its halo rows included: a node read as a halo by several chunks is dropped differently in each of them and in
 its own chunk, where full-graph training drops it once per layer. :class:`NodeDropout` instead derives the mask of
-row ``v`` from ``(seed, epoch, v)`` with a counter-based hash, so the owner chunk and every chunk that reads ``v``
-as a halo apply the same mask, as full-graph training does. The stage tells it the global id of each row and the
-epoch (:func:`node_rows`); outside such a context it is plain dropout.
+entry ``(v, j)`` (node ``v``, column ``j``) from ``(seed, epoch, v, j)`` with a counter-based hash, so the owner chunk
+and every chunk or partition that reads ``v`` as a halo apply the same mask, as full-graph training does. The stage
+declares the global id of each row and the epoch (:func:`node_rows`); outside such a context it is plain dropout.
 """
 
 from __future__ import annotations
@@ -26,10 +26,19 @@ _M32 = 0xFFFFFFFF
 def node_rows(ids: Tensor, epoch: int) -> Iterator[None]:
     """Declare the global node id of each row of the tensors a block is called on, and the epoch.
 
+    :class:`NodeDropout` layers called inside the context key their masks by these ids.
+
     Args:
-        ids: Global node id of each row ``(R,)``, int64.
+        ids: Global node id of each row, in row order ``(R,)``; integer, moved to the input's device when used.
+            Only the low 32 bits enter the hash (ids ``>= 2**32`` alias ids ``2**32`` lower).
         epoch: Training epoch; every epoch draws new masks.
+
+    Raises:
+        ValueError: ``ids`` is not a 1-D integer tensor.
     """
+    if ids.dim() != 1 or ids.is_floating_point() or ids.is_complex():
+        raise ValueError(f"node_rows: `ids` must be a 1-D integer tensor of node ids (got dtype {ids.dtype}, "
+                         f"shape {tuple(ids.shape)}).")
     token = _ROWS.set((ids, int(epoch)))
     try:
         yield
@@ -38,18 +47,36 @@ def node_rows(ids: Tensor, epoch: int) -> Iterator[None]:
 
 
 def _mix32(x: Tensor) -> Tensor:
-    """A 32-bit integer hash (two multiply-xorshift rounds) of an int64 tensor holding 32-bit values."""
+    """A 32-bit integer hash (two multiply-xorshift rounds) of an int64 tensor holding 32-bit values.
+
+    Products stay below ``2**58``: no int64 overflow.
+    """
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
+    return (x >> 16) ^ x
+
+
+def _mix32_int(x: int) -> int:
+    """:func:`_mix32` on a Python int."""
     x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
     x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
     return (x >> 16) ^ x
 
 
 def node_mask(ids: Tensor, width: int, p: float, seed: int, epoch: int) -> Tensor:
-    """Return the keep mask of rows ``ids`` ``(R, width)``, bool: a function of ``(seed, epoch, id, column)`` only.
+    """Return which entries of rows ``ids`` dropout keeps: a function of ``(seed, epoch, id, column)`` only.
 
-    Each entry is kept with probability ``1 - p`` (a uniform 32-bit hash compared with ``p``).
+    Args:
+        ids: Global node ids ``(R,)``, integer (low 32 bits used).
+        width: Columns ``d``.
+        p: Drop probability; an entry is kept with probability ``1 - floor(p * 2**32) / 2**32``.
+        seed: Mask seed.
+        epoch: Epoch.
+
+    Returns:
+        Keep mask ``(R, d)``, bool, on ``ids.device``.
     """
-    salt = int(_mix32(torch.tensor([(seed * 0x9E3779B1 + epoch * 0x85EBCA77) & _M32]))[0])
+    salt = _mix32_int((seed * 0x9E3779B1 + epoch * 0x85EBCA77) & _M32)
     row = _mix32((ids.to(torch.int64) & _M32) ^ salt)
     cols = torch.arange(width, device=ids.device, dtype=torch.int64)
     u = _mix32((row[:, None] + cols * 0x27D4EB2F) & _M32 ^ (salt >> 1))
@@ -60,32 +87,39 @@ class NodeDropout(nn.Module):
     """Dropout whose mask depends on the node, not on the chunk that holds its row.
 
     Use it instead of ``nn.Dropout`` / ``F.dropout`` on a layer's input (before the message passing) so that a
-    node's halo row is dropped exactly as its own row is: under :class:`~lightning_gnnpipe.GNNPipeStrategy` the
-    stage declares every row's global node id and the epoch (:func:`node_rows`), and the mask of row ``v`` is a
-    hash of ``(seed, epoch, v, column)``. Outside that context (single-device training, evaluation code of your
-    own) it is ``F.dropout``. In evaluation mode it is the identity.
+    node's halo row is dropped exactly as its own row is: under :class:`~lightning_gnnpipe.GNNPipeStrategy` and
+    :class:`~lightning_gnnpipe.GraphParallelStrategy` every block call declares each row's global node id and the
+    epoch (:func:`node_rows`), and the mask of entry ``(v, j)`` is a hash of ``(seed, epoch, v, j)``
+    (:func:`node_mask`). Outside that context it is ``F.dropout``: single-device training, and any code that calls
+    a block outside the strategy's step (activation checkpointing that recomputes a block in the backward pass
+    would draw a different mask, so it is not supported with this layer). In evaluation mode it is the identity.
 
     Args:
         p: Probability of zeroing an entry, in ``[0, 1)``.
-        seed: Seed of the masks; ``None`` draws one from the global RNG at construction, so that
-            ``seed_everything`` gives every rank the same masks.
+        seed: Seed of the masks; ``None`` draws one from the global RNG at construction (call
+            ``seed_everything`` before building the model). It is a buffer: saved in checkpoints, and broadcast with
+            the weights where the strategies broadcast them.
 
     Shapes:
-        ``x`` ``(R, d)`` -> ``(R, d)``.
+        ``x`` ``(R, d)`` -> ``(R, d)``, the same dtype.
 
     Raises:
         ValueError: ``p`` outside ``[0, 1)``; in forward, under :func:`node_rows`, an input that is not
             ``(R, d)`` with one row per declared node.
     """
 
+    seed: Tensor
+
     def __init__(self, p: float = 0.5, seed: Optional[int] = None) -> None:
         super().__init__()
         if not 0.0 <= p < 1.0:
             raise ValueError(f"NodeDropout: `p` must be in [0, 1) (got {p}).")
         self.p = float(p)
-        self.seed = int(torch.randint(0, 2**31 - 1, ())) if seed is None else int(seed)
+        value = int(torch.randint(0, 2**31 - 1, ())) if seed is None else int(seed)
+        self.register_buffer("seed", torch.tensor(value, dtype=torch.int64))
 
     def forward(self, x: Tensor) -> Tensor:
+        """Drop entries of ``x`` ``(R, d)`` with probability ``p`` and scale the kept ones by ``1 / (1 - p)``."""
         if not self.training or self.p == 0.0:
             return x
         rows = _ROWS.get()
@@ -95,8 +129,13 @@ class NodeDropout(nn.Module):
         if x.dim() != 2 or x.size(0) != ids.numel():
             raise ValueError(f"NodeDropout: expected one row per node of the block's input, shape ({ids.numel()}, d) "
                              f"(got {tuple(x.shape)}). Apply it to node embeddings, not to edge or head tensors.")
-        keep = node_mask(ids.to(x.device), x.size(-1), self.p, self.seed, epoch)
-        return x * keep.to(x.dtype) / (1.0 - self.p)
+        keep = node_mask(ids.to(x.device), x.size(-1), self.p, int(self.seed), epoch)
+        return x.masked_fill(~keep, 0.0) * (1.0 / (1.0 - self.p))
 
     def extra_repr(self) -> str:
-        return f"p={self.p}, seed={self.seed}"
+        return f"p={self.p}"
+
+
+def make_dropout(p: float, per_node: bool) -> nn.Module:
+    """Return :class:`NodeDropout` ``(p)`` if ``per_node`` else ``nn.Dropout(p)``."""
+    return NodeDropout(p) if per_node else nn.Dropout(p)

@@ -14,11 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import GCN2Conv
 
-from lightning_gnnpipe.nn.dropout import NodeDropout
-
-
-def _dropout(p: float, per_node: bool) -> nn.Module:
-    return NodeDropout(p) if per_node else nn.Dropout(p)
+from lightning_gnnpipe.nn.dropout import make_dropout as _dropout
 
 
 class _Input(nn.Module):

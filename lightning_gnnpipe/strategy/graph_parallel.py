@@ -140,6 +140,8 @@ class GraphParallelStrategy(GNNPipeStrategy):
         device = self.root_device
         graph = build_chunk_graph(plan, data.edge_index, stack.blocks, device, dtype=x.dtype)
         r = self.global_rank
+        for t in dict.fromkeys(t for b in stack.blocks for t in list(b.parameters()) + list(b.buffers())):
+            dist.broadcast(t.data, src=0)  # every part starts from rank 0's weights and NodeDropout seeds (as DDP does)
         self._forward = PartitionForward(stack.blocks, graph, r, build_halo_plan(plan, r).to(device), x)
         self._nodes = graph.nodes
         self._rows = plan.max_chunk_size
