@@ -78,8 +78,11 @@ def node_mask(ids: Tensor, width: int, p: float, seed: int, epoch: int) -> Tenso
     """
     salt = _mix32_int((seed * 0x9E3779B1 + epoch * 0x85EBCA77) & _M32)
     row = _mix32((ids.to(torch.int64) & _M32) ^ salt)
-    cols = torch.arange(width, device=ids.device, dtype=torch.int64)
-    u = _mix32((row[:, None] + cols * 0x27D4EB2F) & _M32 ^ (salt >> 1))
+    u = row[:, None] + torch.arange(width, device=ids.device, dtype=torch.int64) * 0x27D4EB2F
+    u.bitwise_and_(_M32).bitwise_xor_(salt >> 1)
+    for _ in range(2):  # _mix32 in place on the (R, d) tensor: half the time of the out-of-place version
+        u.bitwise_xor_(u >> 16).mul_(0x45D9F3B).bitwise_and_(_M32)
+    u.bitwise_xor_(u >> 16)
     return u >= int(p * 2**32)
 
 
@@ -93,6 +96,8 @@ class NodeDropout(nn.Module):
     (:func:`node_mask`). Outside that context it is ``F.dropout``: single-device training, and any code that calls
     a block outside the strategy's step (activation checkpointing that recomputes a block in the backward pass
     would draw a different mask, so it is not supported with this layer). In evaluation mode it is the identity.
+    The hash costs about ten int64 operations per entry: on one CPU thread 1.7x to 2.0x the time of ``F.dropout``
+    on a ``(3327, 3703)`` input, about the same on ``(3327, 64)`` (``benchmarks/node_dropout.py``).
 
     Args:
         p: Probability of zeroing an entry, in ``[0, 1)``.
