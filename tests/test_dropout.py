@@ -68,6 +68,8 @@ def test_node_dropout_outside_a_context_and_in_eval():
     assert set(drop(x).unique().tolist()) <= {0.0, 2.0}  # no context: plain dropout
     with node_rows(torch.arange(99), epoch=0), pytest.raises(ValueError, match=r"\(99, d\) \(got \(100, 8\)\)"):
         drop(x)
+    with pytest.raises(ValueError, match=r"shape \(R, d\) \(got \(100, 2, 4\)\)"):  # on one device too
+        drop(x.view(100, 2, 4))
     with pytest.raises(ValueError, match=r"\[0, 1\) \(got 1.0\)"):
         NodeDropout(1.0)
     with pytest.raises(ValueError, match=r"1-D integer tensor of node ids \(got dtype torch.float32, shape \(4,\)\)"):

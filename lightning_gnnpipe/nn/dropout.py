@@ -109,8 +109,8 @@ class NodeDropout(nn.Module):
         ``x`` ``(R, d)`` -> ``(R, d)``, the same dtype.
 
     Raises:
-        ValueError: ``p`` outside ``[0, 1)``; in forward, under :func:`node_rows`, an input that is not
-            ``(R, d)`` with one row per declared node.
+        ValueError: ``p`` outside ``[0, 1)``; in forward (training mode), an input that is not ``(R, d)``, or under
+            :func:`node_rows` one whose rows do not match the declared nodes.
     """
 
     seed: Tensor
@@ -127,11 +127,14 @@ class NodeDropout(nn.Module):
         """Drop entries of ``x`` ``(R, d)`` with probability ``p`` and scale the kept ones by ``1 / (1 - p)``."""
         if not self.training or self.p == 0.0:
             return x
+        if x.dim() != 2:  # also outside the strategies, so that a model fails on one device as it would under them
+            raise ValueError(f"NodeDropout: expected node embeddings of shape (R, d) (got {tuple(x.shape)}). "
+                             "Apply it to node embeddings, not to edge or head tensors.")
         rows = _ROWS.get()
         if rows is None:
             return F.dropout(x, self.p, True)
         ids, epoch = rows
-        if x.dim() != 2 or x.size(0) != ids.numel():
+        if x.size(0) != ids.numel():
             raise ValueError(f"NodeDropout: expected one row per node of the block's input, shape ({ids.numel()}, d) "
                              f"(got {tuple(x.shape)}). Apply it to node embeddings, not to edge or head tensors.")
         keep = node_mask(ids.to(x.device), x.size(-1), self.p, int(self.seed), epoch)
