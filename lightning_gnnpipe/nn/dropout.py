@@ -6,6 +6,10 @@ its own chunk, where full-graph training drops it once per layer. :class:`NodeDr
 entry ``(v, j)`` (node ``v``, column ``j``) from ``(seed, epoch, v, j)`` with a counter-based hash, so the owner chunk
 and every chunk or partition that reads ``v`` as a halo apply the same mask, as full-graph training does. The stage
 declares the global id of each row and the epoch (:func:`node_rows`); outside such a context it is plain dropout.
+
+Sources: the per-node consistency is what full-graph dropout (Srivastava et al., JMLR 2014) gives a node's row in one
+layer; the mask is counter-based, as in Random123 (Salmon et al., SC 2011), because torch's generators cannot be
+indexed by node. The 32-bit mixing function is the multiply-xorshift integer hash with constant ``0x45d9f3b``.
 """
 
 from __future__ import annotations
@@ -145,5 +149,9 @@ class NodeDropout(nn.Module):
 
 
 def make_dropout(p: float, per_node: bool) -> nn.Module:
-    """Return :class:`NodeDropout` ``(p)`` if ``per_node`` else ``nn.Dropout(p)``."""
+    """Return :class:`NodeDropout` ``(p)`` if ``per_node`` else ``nn.Dropout(p)``.
+
+    Raises:
+        ValueError: ``per_node`` and ``p`` outside ``[0, 1)`` (``nn.Dropout`` itself refuses ``p`` outside ``[0, 1]``).
+    """
     return NodeDropout(p) if per_node else nn.Dropout(p)

@@ -54,13 +54,13 @@ class PartitionForward(nn.Module):
         self.graph, self.part, self.halo, self.x = graph, part, halo, x
         self._uses_graph = [uses_graph(b) for b in blocks]
         self._norm_convs = [normalized_convs(b) for b in blocks]
+        self._rows = torch.cat([graph.nodes[part], graph.halo[part]])  # global id of each row of a block's input
 
     def forward(self, stats: Optional[CommStats] = None, group=None, epoch: int = 0) -> Tensor:
         """This part's output rows ``(n_r, C)``; ``epoch`` keys :class:`~lightning_gnnpipe.nn.NodeDropout`'s masks."""
         g, r = self.graph, self.part
         h = self.x[g.nodes[r]]
         n = h.size(0)
-        rows = torch.cat([g.nodes[r], g.halo[r]])  # global id of each row of a block's input
         first = True  # h still holds the input features, whose halo rows every rank has
         for j, block in enumerate(self.blocks):
             if not self._uses_graph[j]:
@@ -69,7 +69,7 @@ class PartitionForward(nn.Module):
                 first = False
                 continue
             halo_rows = self.x[g.halo[r]] if first else exchange_halo(h, self.halo, stats, group)
-            with precomputed_norm(self._norm_convs[j], g.norm_edges[r]), node_rows(rows, epoch):
+            with precomputed_norm(self._norm_convs[j], g.norm_edges[r]), node_rows(self._rows, epoch):
                 h = block(torch.cat([h, halo_rows.to(h.dtype)]), g.edge_index[r])[:n]
             first = False
         return h
