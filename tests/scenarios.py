@@ -65,14 +65,23 @@ class FailingGCN(GCNModule):
 
     ``mode`` is ``"raise"`` (a Python exception), ``"kill"`` (SIGKILL to its own process) or
     ``"stop"`` (SIGSTOP: the rank hangs with its connections open, so only the process-group
-    timeout can end its peers).
+    timeout can end its peers); ``"layer"`` raises a ``ValueError`` in the first layer's forward
+    instead, on the rank of stage 0, inside torch's pipeline stage.
     """
 
     def __init__(self, *args: Any, mode: str = "raise", fail_rank: int = 1, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.mode, self.fail_rank = mode, fail_rank
+        if mode == "layer":  # a ValueError inside the first layer, i.e. inside stage 0's forward
+            self.gnn.convs[0].register_forward_pre_hook(self._fail_in_layer)
+
+    def _fail_in_layer(self, module, inputs) -> None:
+        if self.training and self.current_epoch == 1:
+            raise ValueError("injected failure in a layer's forward")
 
     def training_step(self, batch, batch_idx):
+        if self.mode == "layer":
+            return super().training_step(batch, batch_idx)
         if self.global_rank == self.fail_rank and self.current_epoch == 1:
             print(f"FailingGCN: failing ({self.mode}) at {time.time():.3f}", file=sys.stderr, flush=True)
             if self.mode in ("kill", "stop"):

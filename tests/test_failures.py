@@ -125,6 +125,18 @@ def test_exception_without_launcher(small_dm):
     assert rank0.seconds < LIMIT_S
 
 
+def test_layer_error_reaches_the_user_unwrapped(small_dm):
+    """A block's own exception, not torch's ``RuntimeError("[Stage 0] failed to run forward")`` around it."""
+    rank0, rank1 = run_world(2, failing_job, small_dm, "layer", PG_TIMEOUT_S, timeout=LIMIT_S)
+    assert rank0.exitcode == 1
+    last = rank0.error.strip().splitlines()
+    assert "ValueError: injected failure in a layer's forward" in last
+    assert "failed to run forward" not in rank0.error
+    assert "raised in the forward pass of pipeline stage 0" in rank0.error
+    assert "this error was raised on rank 0 (stage 0 of 2, layers [0])" in rank0.error
+    assert rank1.exitcode == 1 and "stopped because another rank stopped answering" in rank1.error
+
+
 @pytest.mark.parametrize("signal_name", ["kill", "stop"])
 def test_lost_rank_without_launcher(small_dm, signal_name):
     """SIGKILL closes the rank's connections (peers fail at once); SIGSTOP leaves them open (timeout)."""

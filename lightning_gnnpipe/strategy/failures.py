@@ -8,11 +8,15 @@ first rank that exits with an error and stops the rest, so:
 * the original error gets a note naming its rank, stage and layers;
 * a rank that fails only because a peer went away gets a note saying so, and waits
   :data:`PEER_FAILURE_GRACE_S` seconds before exiting, so that the launcher sees the rank with
-  the original error exit first.
+  the original error exit first;
+* an error raised inside a stage's forward pass reaches the user as itself: torch's pipelining
+  stage wraps it in ``RuntimeError("[Stage i] failed to run forward: ...")`` (the original only
+  as ``__cause__``, mid-traceback); :func:`unwrap_stage_error` undoes that.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from typing import List, Optional
 
@@ -30,6 +34,7 @@ _PEER_MARKERS = (  # gloo and nccl messages when a peer died, hung or closed its
     "timeout",
 )
 _MARK = "_gnnpipe_handled"
+_STAGE_WRAPPER = "failed to run forward"  # torch/distributed/pipelining/stage.py, forward_one_chunk (torch 2.13)
 
 
 def is_peer_failure(exc: BaseException) -> bool:
@@ -59,3 +64,27 @@ def handle_rank_failure(
         time.sleep(PEER_FAILURE_GRACE_S)
     else:
         exc.add_note(f"GNNPipeStrategy: this error was raised on {where}.")
+
+
+def unwrap_stage_error(exc: BaseException) -> BaseException:
+    """Return the error a block raised in a pipeline stage's forward pass, if ``exc`` is torch's wrapper of it.
+
+    ``torch.distributed.pipelining`` (``_PipelineStageBase.forward_one_chunk``, torch 2.13) catches any
+    exception of the stage module's forward and raises ``RuntimeError("[Stage i] failed to run forward: args:
+    ...")`` from it. The original (a ``ValueError`` of a layer, say) gets a note naming the stage and is
+    returned; any other exception is returned unchanged.
+
+    Args:
+        exc: an exception raised by ``schedule.step``.
+
+    Returns:
+        The original exception (``exc.__cause__``) for torch's forward wrapper, else ``exc``.
+    """
+    cause = exc.__cause__
+    if not (isinstance(exc, RuntimeError) and isinstance(cause, Exception) and _STAGE_WRAPPER in str(exc)):
+        return exc
+    stage = re.search(r"\[Stage (\d+)\]", str(exc))
+    where = f"pipeline stage {stage.group(1)}" if stage else "a pipeline stage"
+    cause.add_note(f"GNNPipeStrategy: raised in the forward pass of {where} (torch.distributed.pipelining wraps it "
+                   "in a RuntimeError; this is the original).")
+    return cause

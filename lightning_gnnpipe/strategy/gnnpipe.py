@@ -43,7 +43,7 @@ from lightning_gnnpipe.pipeline.schedule import build_schedule, check_schedule, 
 from lightning_gnnpipe.pipeline.stage import GNNStage
 from lightning_gnnpipe.strategy.checkpoint import CHECKPOINT_KEY, gather_pipeline_state, restore_history, restore_rng
 from lightning_gnnpipe.strategy.checks import CHUNK_LOSS_HOOK, check_layout, check_stage_widths
-from lightning_gnnpipe.strategy.failures import handle_rank_failure
+from lightning_gnnpipe.strategy.failures import handle_rank_failure, unwrap_stage_error
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.insight import PipelineInsight
 from lightning_gnnpipe.strategy.launcher import _CheckedMultiProcessingLauncher
@@ -572,7 +572,13 @@ class GNNPipeStrategy(ParallelStrategy):
             step_kwargs.update(target=ids, return_outputs=False)
         self._recorder.begin()
         with self.precision_plugin.train_step_context():
-            self._schedule.step(*step_args, **step_kwargs)
+            try:
+                self._schedule.step(*step_args, **step_kwargs)
+            except RuntimeError as exc:
+                original = unwrap_stage_error(exc)
+                if original is exc:
+                    raise
+                raise original from None  # the block's own error, with its traceback
             if self.is_last_stage:
                 logits = self._loss.logits()
             else:
