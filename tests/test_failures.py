@@ -129,8 +129,8 @@ def test_layer_error_reaches_the_user_unwrapped(small_dm):
     """A block's own exception, not torch's ``RuntimeError("[Stage 0] failed to run forward")`` around it."""
     rank0, rank1 = run_world(2, failing_job, small_dm, "layer", PG_TIMEOUT_S, timeout=LIMIT_S)
     assert rank0.exitcode == 1
-    last = rank0.error.strip().splitlines()
-    assert "ValueError: injected failure in a layer's forward" in last
+    lines = rank0.error.strip().splitlines()
+    assert "ValueError: injected failure in a layer's forward" in lines  # a whole line: the error itself
     assert "failed to run forward" not in rank0.error
     assert "raised in the forward pass of pipeline stage 0" in rank0.error
     assert "this error was raised on rank 0 (stage 0 of 2, layers [0])" in rank0.error
