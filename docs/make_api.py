@@ -13,13 +13,13 @@ from lightning_gnnpipe.comm.planner import estimate_layouts, measure_bandwidth, 
 from lightning_gnnpipe.comm.volume import graph_parallel_volume, hybrid_volume, pipeline_volume  # noqa: E402
 from lightning_gnnpipe.data.partition import nested_partition  # noqa: E402
 from lightning_gnnpipe.data.order import greedy_chunk_order, stale_read_stats  # noqa: E402
-from lightning_gnnpipe.nn import NodeDropout, node_rows  # noqa: E402
+from lightning_gnnpipe.nn import NodeDropout, make_dropout, node_rows  # noqa: E402
 from lightning_gnnpipe.nn.gcnii import GCNII  # noqa: E402
 from lightning_gnnpipe.strategy.graph_parallel import GraphParallelStrategy  # noqa: E402
 
 OBJECTS = [lg.GNNPipeStrategy, GraphParallelStrategy, lg.GraphChunkDataModule, lg.ChunkPlan, lg.build_chunk_plan,
            lg.metis_partition, greedy_chunk_order, stale_read_stats, lg.find_layer_stack, lg.History, GCNII,
-           NodeDropout, node_rows,
+           NodeDropout, node_rows, make_dropout,
            nested_partition, CommStats, pipeline_volume, graph_parallel_volume, hybrid_volume, estimate_layouts,
            measure_layer_seconds, measure_bandwidth]
 

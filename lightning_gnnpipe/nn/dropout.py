@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -50,18 +50,11 @@ def node_rows(ids: Tensor, epoch: int) -> Iterator[None]:
         _ROWS.reset(token)
 
 
-def _mix32(x: Tensor) -> Tensor:
-    """A 32-bit integer hash (two multiply-xorshift rounds) of an int64 tensor holding 32-bit values.
+def _mix32(x: Union[Tensor, int]) -> Union[Tensor, int]:
+    """A 32-bit integer hash (two multiply-xorshift rounds) of a Python int or an int64 tensor of 32-bit values.
 
     Products stay below ``2**58``: no int64 overflow.
     """
-    x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
-    x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
-    return (x >> 16) ^ x
-
-
-def _mix32_int(x: int) -> int:
-    """:func:`_mix32` on a Python int."""
     x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
     x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
     return (x >> 16) ^ x
@@ -80,7 +73,7 @@ def node_mask(ids: Tensor, width: int, p: float, seed: int, epoch: int) -> Tenso
     Returns:
         Keep mask ``(R, d)``, bool, on ``ids.device``.
     """
-    salt = _mix32_int((seed * 0x9E3779B1 + epoch * 0x85EBCA77) & _M32)
+    salt = _mix32((seed * 0x9E3779B1 + epoch * 0x85EBCA77) & _M32)
     row = _mix32((ids.to(torch.int64) & _M32) ^ salt)
     u = row[:, None] + torch.arange(width, device=ids.device, dtype=torch.int64) * 0x27D4EB2F
     u.bitwise_and_(_M32).bitwise_xor_(salt >> 1)
@@ -150,6 +143,13 @@ class NodeDropout(nn.Module):
 
 def make_dropout(p: float, per_node: bool) -> nn.Module:
     """Return :class:`NodeDropout` ``(p)`` if ``per_node`` else ``nn.Dropout(p)``.
+
+    Args:
+        p: Probability of zeroing an entry.
+        per_node: One mask per node and epoch, the same in every chunk and partition (:class:`NodeDropout`).
+
+    Returns:
+        A dropout module, ``(R, d) -> (R, d)``.
 
     Raises:
         ValueError: ``per_node`` and ``p`` outside ``[0, 1)`` (``nn.Dropout`` itself refuses ``p`` outside ``[0, 1]``).

@@ -48,7 +48,7 @@ from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.insight import PipelineInsight
 from lightning_gnnpipe.strategy.launcher import _CheckedMultiProcessingLauncher
 from lightning_gnnpipe.strategy.precision import BoundaryCast, autocast_dtype, check_precision, global_norm_clipping
-from lightning_gnnpipe.strategy.state import merged_optimizer_state, sync_stage_tensors, tensor_owners
+from lightning_gnnpipe.strategy.state import broadcast_blocks, merged_optimizer_state, sync_stage_tensors, tensor_owners
 
 log = logging.getLogger(__name__)
 
@@ -418,9 +418,7 @@ class GNNPipeStrategy(ParallelStrategy):
             if G > 1:  # one stage per rank (multi-stage schedules are refused with G > 1)
                 plans = [p.to(device) if p is not None else None for p in build_slot_plans(plan, G, g)]
                 exchange = StageExchange(plans, self._gp_group, self.comm_stats)
-                for block in blocks:  # every pipeline starts from the same weights (as DDP does)
-                    for t in list(block.parameters()) + list(block.buffers()):
-                        dist.broadcast(t.data, src=self.stage_index, group=self._gp_group)
+                broadcast_blocks(blocks, src=self.stage_index, group=self._gp_group)  # every pipeline: same weights
             self._stages.append(GNNStage(blocks, virtual[i], self._dims, graph, x=x if 0 in virtual[i] else None,
                                          history_momentum=self.history_momentum, halo_gradients=self.halo_gradients,
                                          carry_x0=carry_x0, exchange=exchange))

@@ -32,6 +32,7 @@ from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack, uses_graph
 from lightning_gnnpipe.pipeline.graph import ChunkGraph, build_chunk_graph
 from lightning_gnnpipe.pipeline.loss import output_grad
 from lightning_gnnpipe.strategy.gnnpipe import GNNPipeStrategy
+from lightning_gnnpipe.strategy.state import broadcast_blocks
 
 
 class PartitionForward(nn.Module):
@@ -140,8 +141,7 @@ class GraphParallelStrategy(GNNPipeStrategy):
         device = self.root_device
         graph = build_chunk_graph(plan, data.edge_index, stack.blocks, device, dtype=x.dtype)
         r = self.global_rank
-        for t in dict.fromkeys(t for b in stack.blocks for t in list(b.parameters()) + list(b.buffers())):
-            dist.broadcast(t.data, src=0)  # every part starts from rank 0's weights and NodeDropout seeds (as DDP does)
+        broadcast_blocks(stack.blocks, src=0)  # every part starts from rank 0's weights and NodeDropout seeds
         self._forward = PartitionForward(stack.blocks, graph, r, build_halo_plan(plan, r).to(device), x)
         self._nodes = graph.nodes
         self._rows = plan.max_chunk_size
