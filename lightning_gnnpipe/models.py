@@ -48,7 +48,7 @@ class NodeClassifier(LightningModule):
 
     An ordinary LightningModule (it trains on a plain ``Trainer`` too); under
     :class:`~lightning_gnnpipe.GNNPipeStrategy` its ``BasicGNN`` is cut into stages. Logs
-    ``train_loss``, ``train_acc``, ``val_loss``, ``val_acc`` and ``test_acc``; ``predict``
+    ``train_loss``, ``train_acc``, ``val_loss``, ``val_acc``, ``test_loss`` and ``test_acc``; ``predict``
     returns the predicted class of every node ``(|V|,)``.
 
     Args:

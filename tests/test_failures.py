@@ -21,8 +21,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from lightning.pytorch import Trainer
 
-from lightning_gnnpipe import GraphChunkDataModule
+from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy
 from lightning_gnnpipe.strategy.failures import PEER_FAILURE_GRACE_S
 from tests.helpers import sbm_graph
 from tests.scenarios import failing_job
@@ -150,3 +151,16 @@ def test_lost_rank_without_launcher(small_dm, signal_name):
         assert "Timed out" in rank0.error
         assert rank0.seconds > PG_TIMEOUT_S
     assert rank0.seconds < PG_TIMEOUT_S + PEER_FAILURE_GRACE_S + 20  # start-up and one epoch included
+
+
+def test_rank_location_names_stage_and_partition(monkeypatch):
+    # The note names the rank's stage in its pipeline, not its global rank: under hybrid parallelism (G = 2
+    # pipelines of S = 2 stages) global rank 3 is stage 1 of partition 1. Graph parallelism names the partition.
+    trainer = Trainer(accelerator="cpu", devices=4, strategy=GNNPipeStrategy(graph_parallel_size=2), logger=False)
+    monkeypatch.setattr(GNNPipeStrategy, "global_rank", property(lambda self: 3))
+    assert trainer.strategy.rank_location() == "rank 3 (stage 1 of 2, partition 1 of 2)"
+    trainer.strategy._layers = [[0, 1], [2, 3]]
+    assert trainer.strategy.rank_location() == "rank 3 (stage 1 of 2, partition 1 of 2, layers [2, 3])"
+    trainer = Trainer(accelerator="cpu", devices=3, strategy=GraphParallelStrategy(), logger=False)
+    monkeypatch.setattr(GraphParallelStrategy, "global_rank", property(lambda self: 2))
+    assert trainer.strategy.rank_location() == "rank 2 (partition 2 of 3)"

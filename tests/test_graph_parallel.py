@@ -3,11 +3,12 @@
 import pytest
 import torch
 from lightning.pytorch import Trainer
+from torch_geometric.nn.models import GCN, GraphSAGE
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy
 from lightning_gnnpipe.comm.accounting import KINDS, CommStats
 from lightning_gnnpipe.comm.halo import build_halo_plan
-from tests.helpers import GCNModule, fit, losses, sbm_graph
+from tests.helpers import GCNModule, GNNModule, fit, losses, sbm_graph
 
 EPOCHS = 5
 F_IN, HIDDEN, LAYERS, CLASSES = 16, 32, 4, 4
@@ -101,6 +102,20 @@ def test_rejects_parts_other_than_devices(graph):
                       enable_progress_bar=False, enable_checkpointing=False)
     with pytest.raises(ValueError, match=r"number of processes 2, one graph part per process \(got num_chunks=4\)"):
         trainer.fit(GCNModule(F_IN, HIDDEN, LAYERS, CLASSES), datamodule=GraphChunkDataModule(graph, num_chunks=4))
+
+
+def test_norm_checks_name_the_partition(graph):
+    # A part's block sees only its rows, as a chunk's does: a graph-wide norm is refused before any process starts,
+    # BatchNorm warns.
+    trainer = Trainer(accelerator="cpu", devices=2, strategy=GraphParallelStrategy(), max_epochs=1, logger=False,
+                      enable_progress_bar=False, enable_checkpointing=False)
+    dm = GraphChunkDataModule(graph, num_chunks=2)
+    with pytest.raises(ValueError, match=r"GraphParallelStrategy: layer 0 holds GraphNorm, which normalises over all "
+                                         r"the rows it is given; each process gives it one partition's rows"):
+        trainer.fit(GNNModule(GCN(F_IN, HIDDEN, LAYERS, CLASSES, norm="graph_norm")), datamodule=dm)
+    with pytest.warns(UserWarning, match=r"GraphParallelStrategy: layer 0 holds BatchNorm; in training its "
+                                         r"statistics are computed per partition"):
+        trainer.strategy.check(trainer, GNNModule(GraphSAGE(F_IN, HIDDEN, LAYERS, CLASSES, norm="batch_norm")), dm)
 
 
 def test_comm_stats_rejects_unknown_kind():

@@ -39,17 +39,29 @@ def _graph_wide(m: nn.Module) -> bool:
     return isinstance(m, PER_CHUNK_ALWAYS)
 
 
-def check_feature_norms(blocks: List[nn.Module]) -> None:
+_UNITS = {  # unit -> (strategy, who gives the block its rows, how the graph is cut)
+    "chunk": ("GNNPipeStrategy", "a stage", "chunking"),
+    "partition": ("GraphParallelStrategy", "each process", "partitioning"),
+}
+
+
+def check_feature_norms(blocks: List[nn.Module], unit: str = "chunk") -> None:
     """Refuse normalisation layers whose output depends on the chunking; warn about BatchNorm.
+
+    Graph parallelism runs every block on one partition's rows (inner and halo), as a stage does on one
+    chunk's, so the same layers are refused or warned about there.
 
     Args:
         blocks: The model's ``L`` layer blocks.
+        unit: ``"chunk"`` (GNNPipe, the default) or ``"partition"`` (graph parallelism): the rows a
+            block is given, named in the messages.
 
     Raises:
         ValueError: If a block holds a layer that normalises over all the rows it is given
             in evaluation too (PyG ``LayerNorm(mode="graph")``, ``GraphNorm``, ``PairNorm``,
             ``InstanceNorm``, ``MeanSubtractionNorm``, ``GraphSizeNorm``).
     """
+    strategy, giver, cut = _UNITS[unit]
     warned = False
     for i, block in enumerate(blocks):
         for m in block.modules():
@@ -57,17 +69,17 @@ def check_feature_norms(blocks: List[nn.Module]) -> None:
             if _graph_wide(m):
                 mode = f"(mode={m.mode!r})" if isinstance(m, pyg_norm.LayerNorm) else ""
                 raise ValueError(
-                    f"GNNPipeStrategy: layer {i} holds {name}{mode}, which normalises over all the rows it "
-                    f"is given; a stage gives it one chunk's rows, so even evaluation would depend on the "
-                    f"chunking (got {name}{mode} in {type(block).__name__}). Use a per-node norm: "
+                    f"{strategy}: layer {i} holds {name}{mode}, which normalises over all the rows it "
+                    f"is given; {giver} gives it one {unit}'s rows, so even evaluation would depend on the "
+                    f"{cut} (got {name}{mode} in {type(block).__name__}). Use a per-node norm: "
                     "torch.nn.LayerNorm, PyG LayerNorm(mode='node') (BasicGNN: "
                     "norm='layer_norm', norm_kwargs={'mode': 'node'}) or BatchNorm."
                 )
             if isinstance(m, PER_CHUNK_IN_TRAINING) and not warned:
                 warned = True  # once: a PyG BatchNorm also holds a torch BatchNorm1d
                 rank_zero_warn(
-                    f"GNNPipeStrategy: layer {i} holds {name}; in training its statistics are computed per "
-                    "chunk (over the chunk's inner and halo rows), not over the whole graph, so training "
+                    f"{strategy}: layer {i} holds {name}; in training its statistics are computed per "
+                    f"{unit} (over the {unit}'s inner and halo rows), not over the whole graph, so training "
                     "differs from full-graph training. Validation, test and predict use the running "
                     "statistics and are exact. Use torch.nn.LayerNorm for exact training.",
                     category=UserWarning,

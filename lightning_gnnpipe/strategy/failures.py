@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import re
 import time
-from typing import List, Optional
-
 import torch.distributed as dist
 
 PEER_FAILURE_GRACE_S = 2.0
@@ -45,17 +43,19 @@ def is_peer_failure(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in text for m in _PEER_MARKERS)
 
 
-def handle_rank_failure(
-    exc: BaseException, rank: int, num_stages: int, layers: Optional[List[int]] = None
-) -> None:
-    """Add the rank/stage note to ``exc`` (once); pause if a peer's failure caused it."""
+def handle_rank_failure(exc: BaseException, where: str) -> None:
+    """Add the rank/stage note to ``exc`` (once); pause if a peer's failure caused it.
+
+    Args:
+        exc: The exception Lightning passes to ``Strategy.on_exception``.
+        where: This rank's place, e.g. ``"rank 3 (stage 1 of 2, partition 1 of 2, layers [2, 3])"``.
+    """
     if getattr(exc, _MARK, False) or not isinstance(exc, Exception):
         return
     try:
         setattr(exc, _MARK, True)
     except AttributeError:  # exceptions with __slots__
         pass
-    where = f"rank {rank} (stage {rank} of {num_stages}" + (f", layers {layers})" if layers else ")")
     if is_peer_failure(exc):
         exc.add_note(
             f"GNNPipeStrategy: {where} stopped because another rank stopped answering; the error of the rank "

@@ -86,7 +86,8 @@ class GNNPipeStrategy(ParallelStrategy):
             of a resumed fit), instead of starting from zeros. On resume from a checkpoint that
             holds the tables, they are loaded instead (no refresh).
         refresh_every: Also refresh every this many epochs (0: never). Each refresh costs one
-            no-grad full-graph forward; its time is logged as ``gnnpipe/refresh_seconds``.
+            no-grad full-graph forward; with ``log_staleness=True`` (the default) its time is logged as
+            ``gnnpipe/refresh_seconds``.
         history_momentum: Moving-average momentum ``m`` of the history tables: a write stores
             ``m * old + (1 - m) * new`` (0: plain overwrite).
         halo_gradients: ``"detach"`` (default) drops gradients that reach halo rows;
@@ -689,8 +690,20 @@ class GNNPipeStrategy(ParallelStrategy):
     def on_exception(self, exception: BaseException) -> None:
         """Name the rank and stage in the error; see :mod:`~lightning_gnnpipe.strategy.failures`."""
         if _distributed_is_initialized():  # in a rank, not in the main process of a spawn launch
-            handle_rank_failure(exception, dist.get_rank(), self.num_stages, self._layers[self.stage_index]
-                                if self._layers else None)
+            handle_rank_failure(exception, self.rank_location())
+
+    def rank_location(self) -> str:
+        """This rank's place, named in error notes: ``"rank r (stage s of S[, partition g of G][, layers [...]])"``.
+
+        ``s`` is the rank's stage in its pipeline, ``g`` its graph partition (hybrid parallelism only) and the
+        layers those of its stages, once the model is split.
+        """
+        parts = [f"stage {self.stage_index} of {self.num_stages}"]
+        if self.graph_parallel_size > 1:
+            parts.append(f"partition {self.partition_index} of {self.graph_parallel_size}")
+        if self._layers:
+            parts.append(f"layers {self._layers[self.stage_index]}")
+        return f"rank {self.global_rank} ({', '.join(parts)})"
 
     def on_train_end(self) -> None:
         super().on_train_end()

@@ -27,6 +27,7 @@ from lightning_gnnpipe.comm.gradients import all_reduce_grads
 from lightning_gnnpipe.comm.halo import HaloPlan, build_halo_plan, exchange_halo
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.nn.dropout import node_rows
+from lightning_gnnpipe.nn.feature_norm import check_feature_norms
 from lightning_gnnpipe.nn.normalization import check_supported, normalized_convs, precomputed_norm
 from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack, uses_graph
 from lightning_gnnpipe.pipeline.graph import ChunkGraph, build_chunk_graph
@@ -117,6 +118,10 @@ class GraphParallelStrategy(GNNPipeStrategy):
         """``G``: one graph part per process."""
         return self.num_nodes * self.num_processes
 
+    def rank_location(self) -> str:
+        """This rank's place, named in error notes: ``"rank r (partition r of G)"``."""
+        return f"rank {self.global_rank} (partition {self.global_rank} of {self.num_parts})"
+
     def check(self, trainer: Trainer, module: Optional[LightningModule] = None, datamodule: Any = None) -> LayerStack:
         """Validate model and DataModule before any process group starts."""
         module = module if module is not None else trainer.lightning_module
@@ -134,6 +139,7 @@ class GraphParallelStrategy(GNNPipeStrategy):
             )
         stack = find_layer_stack(module)
         check_supported(stack.blocks)
+        check_feature_norms(stack.blocks, unit="partition")
         return stack
 
     def _build(self, trainer: Trainer) -> None:
