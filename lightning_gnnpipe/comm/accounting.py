@@ -70,18 +70,47 @@ class CommStats:
         self.bytes_recv[kind] += int(recv)
 
     def record_broadcast(self, kind: str, tensor: Tensor, src: int, rank: int, world: int) -> None:
-        """Count a broadcast of ``tensor`` from ``src`` to ``world - 1`` ranks."""
+        """Count a broadcast of ``tensor`` from ``src`` to ``world - 1`` ranks.
+
+        Args:
+            kind: One of :data:`KINDS`.
+            tensor: The broadcast tensor (its bytes are counted).
+            src: Rank that sends, within the ``world`` ranks of the collective.
+            rank: This rank, in the same numbering.
+            world: Ranks in the collective.
+
+        Raises:
+            ValueError: Unknown kind.
+        """
         if rank == src:
             self.record(kind, sent=nbytes(tensor) * (world - 1))
         else:
             self.record(kind, recv=nbytes(tensor))
 
     def record_all_gather(self, kind: str, tensor: Tensor, world: int) -> None:
-        """Count an all-gather of one ``tensor`` per rank (all of the same size)."""
+        """Count an all-gather of one ``tensor`` per rank (all of the same size).
+
+        Args:
+            kind: One of :data:`KINDS`.
+            tensor: This rank's contribution (its bytes are counted).
+            world: Ranks in the collective.
+
+        Raises:
+            ValueError: Unknown kind.
+        """
         self.record(kind, sent=nbytes(tensor) * (world - 1), recv=nbytes(tensor) * (world - 1))
 
     def record_all_reduce(self, kind: str, tensor: Tensor, world: int) -> None:
-        """Count a ring all-reduce of ``tensor``: ``2 (G-1)/G`` of its bytes each way."""
+        """Count a ring all-reduce of ``tensor``: ``2 (G-1)/G`` of its bytes each way.
+
+        Args:
+            kind: One of :data:`KINDS`.
+            tensor: The reduced tensor (its bytes are counted).
+            world: ``G``, ranks in the collective.
+
+        Raises:
+            ValueError: Unknown kind.
+        """
         moved = 2 * (world - 1) * nbytes(tensor) // world
         self.record(kind, sent=moved, recv=moved)
 
@@ -101,10 +130,12 @@ class CommStats:
 
     @property
     def total_sent(self) -> int:
+        """Bytes this rank sent in the step, all kinds together."""
         return sum(self.bytes_sent.values())
 
     def vector(self) -> Tensor:
-        """Pack the counts into ``(2 * len(KINDS) + 4,)`` float64: sent, recv, wait, bubble, compute, step."""
+        """Pack the counts into ``(2 * len(KINDS) + 4,)`` float64: sent and recv (bytes), wait, bubble, compute and
+        step (seconds)."""
         values: List[float] = [float(self.bytes_sent[k]) for k in KINDS] + [float(self.bytes_recv[k]) for k in KINDS]
         return torch.tensor(values + [self.wait_s, self.bubble_s, self.compute_s, self.step_s], dtype=torch.float64)
 

@@ -100,7 +100,14 @@ class ChunkPlan:
         return out
 
     def reordered(self, order: List[int]) -> "ChunkPlan":
-        """Return the plan with chunks renumbered so that chunk ``order[i]`` becomes chunk ``i``."""
+        """Return the plan with chunks renumbered so that chunk ``order[i]`` becomes chunk ``i``.
+
+        Args:
+            order: A permutation of ``range(K)``.
+
+        Raises:
+            ValueError: If ``order`` is not a permutation of ``range(K)``.
+        """
         if sorted(order) != list(range(self.num_chunks)):
             raise ValueError(f"ChunkPlan.reordered: `order` must be a permutation of range({self.num_chunks}) "
                              f"(got {order}).")
@@ -127,6 +134,10 @@ def build_chunk_plan(
 
     Returns:
         The :class:`ChunkPlan`.
+
+    Raises:
+        ValueError: If ``part`` is ``None`` and ``num_chunks`` is not in ``[1, |V|]``
+            (:func:`~lightning_gnnpipe.data.partition.metis_partition`).
     """
     if part is None:
         part = metis_partition(edge_index, num_nodes, num_chunks)

@@ -21,6 +21,7 @@ class PlanetoidChunkDataModule(GraphChunkDataModule):
 
     Raises:
         ValueError: Unknown ``name`` or bad ``num_chunks``.
+        TypeError: ``num_chunks`` is not an int.
         FileNotFoundError: The raw files are missing.
     """
 

@@ -22,6 +22,13 @@ class History(nn.Module):
     Args:
         num_nodes: Rows ``|V|``.
         channels: Width ``d`` of the layer's input embedding.
+        device: Device of the table (default: torch's default).
+        dtype: Dtype of the table (default: torch's default).
+        momentum: Moving-average weight ``m`` of the old rows in :meth:`push`, in ``[0, 1)``
+            (0: plain overwrite).
+
+    Raises:
+        ValueError: If ``momentum`` is not in ``[0, 1)``.
 
     Shapes:
         ``emb``: ``(|V|, d)``.

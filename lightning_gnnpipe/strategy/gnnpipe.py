@@ -115,6 +115,11 @@ class GNNPipeStrategy(ParallelStrategy):
             sum weight gradients (:mod:`~lightning_gnnpipe.comm.slot_exchange`). The DataModule must be cut
             with ``num_parts=G``. Default 1 (pure pipeline parallelism). ``G`` = number of processes and one
             chunk per partition is exact graph parallelism.
+        accelerator: Lightning's, set by the ``Trainer`` (as for ``DDPStrategy``); leave it out.
+        parallel_devices: Set by the ``Trainer`` from ``devices``; leave it out.
+        cluster_environment: Set by the ``Trainer`` (torchrun, SLURM, ...); leave it out.
+        checkpoint_io: Lightning's checkpoint I/O plugin (default: the ``Trainer``'s).
+        precision_plugin: Set by the ``Trainer`` from ``precision``; leave it out.
 
     Raises:
         ValueError: Unknown ``schedule``, ``balance`` or ``start_method``, bad ``profile_epoch``, a
@@ -122,7 +127,12 @@ class GNNPipeStrategy(ParallelStrategy):
             ``halo_gradients="stale"`` or ``graph_parallel_size > 1`` (here); bad
             layouts or a precision other than ``"32-true"`` / ``"bf16-mixed"`` before the process group
             starts (see :func:`~lightning_gnnpipe.strategy.checks.check_layout` and
-            :func:`~lightning_gnnpipe.strategy.precision.check_precision`).
+            :func:`~lightning_gnnpipe.strategy.precision.check_precision`); on resume, a checkpoint whose
+            history tables do not fit the model.
+        TypeError: No ``GraphChunkDataModule`` or no splittable layer stack, before the process group starts.
+        RuntimeError: The ranks built different chunk plans or stage widths (at setup); a ``training_step``
+            whose loss does not depend on the model's output, or that calls the layer stack with other or
+            more inputs than the batch's ``x`` and ``edge_index`` (at the first step).
     """
 
     strategy_name = "gnnpipe"
@@ -344,7 +354,22 @@ class GNNPipeStrategy(ParallelStrategy):
 
     # ------------------------------------------------------------------ building the pipeline
     def check(self, trainer: Trainer, module: Optional[LightningModule] = None, datamodule: Any = None) -> LayerStack:
-        """Validate model, DataModule and layout; raise before any process group starts."""
+        """Validate model, DataModule and layout; raise before any process group starts.
+
+        Args:
+            trainer: The ``Trainer``.
+            module: The LightningModule (default: the trainer's).
+            datamodule: The DataModule (default: the trainer's).
+
+        Returns:
+            The model's layer stack.
+
+        Raises:
+            TypeError: No ``GraphChunkDataModule`` or no splittable layer stack.
+            ValueError: A process count that is not a multiple of ``graph_parallel_size``, a DataModule
+                with ``num_parts`` other than it, or a bad layout
+                (:func:`~lightning_gnnpipe.strategy.checks.check_layout`).
+        """
         module = module if module is not None else trainer.lightning_module
         datamodule = datamodule if datamodule is not None else trainer.datamodule
         fitting = trainer.state.fn in (None, TrainerFn.FITTING)

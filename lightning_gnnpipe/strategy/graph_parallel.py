@@ -93,10 +93,15 @@ class GraphParallelStrategy(GNNPipeStrategy):
         timeout: Timeout of every collective. Default 600 s.
         start_method: ``"spawn"`` (default) or ``"popen"``.
         process_group_backend: ``"gloo"`` (CPU default) or ``"nccl"``.
+        **kwargs: Further :class:`~lightning_gnnpipe.GNNPipeStrategy` arguments (``schedule`` and
+            ``refresh_on_start`` are fixed here).
 
     Raises:
         TypeError: No ``GraphChunkDataModule`` or no splittable layer stack.
-        ValueError: The DataModule's ``num_chunks`` differs from the number of processes.
+        ValueError: The DataModule's ``num_chunks`` differs from the number of processes, a multi-hop
+            conv or a graph-wide norm layer (before any process starts), a bad ``start_method`` or precision.
+        RuntimeError: The ranks built different chunk plans, or ``training_step``'s loss does not depend
+            on the model's output (at the first step).
     """
 
     strategy_name = "graph_parallel"
@@ -123,7 +128,21 @@ class GraphParallelStrategy(GNNPipeStrategy):
         return f"rank {self.global_rank} (partition {self.global_rank} of {self.num_parts})"
 
     def check(self, trainer: Trainer, module: Optional[LightningModule] = None, datamodule: Any = None) -> LayerStack:
-        """Validate model and DataModule before any process group starts."""
+        """Validate model and DataModule before any process group starts.
+
+        Args:
+            trainer: The ``Trainer``.
+            module: The LightningModule (default: the trainer's).
+            datamodule: The DataModule (default: the trainer's).
+
+        Returns:
+            The model's layer stack.
+
+        Raises:
+            TypeError: No ``GraphChunkDataModule`` or no splittable layer stack.
+            ValueError: ``num_chunks`` differs from the number of processes, a multi-hop conv or a
+                graph-wide norm layer.
+        """
         module = module if module is not None else trainer.lightning_module
         datamodule = datamodule if datamodule is not None else trainer.datamodule
         if not isinstance(datamodule, GraphChunkDataModule):
