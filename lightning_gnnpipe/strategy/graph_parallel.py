@@ -130,13 +130,7 @@ class GraphParallelStrategy(GNNPipeStrategy):
     def check(self, trainer: Trainer, module: Optional[LightningModule] = None, datamodule: Any = None) -> LayerStack:
         """Validate model and DataModule before any process group starts.
 
-        Args:
-            trainer: The ``Trainer``.
-            module: The LightningModule (default: the trainer's).
-            datamodule: The DataModule (default: the trainer's).
-
-        Returns:
-            The model's layer stack.
+        Arguments and return value as :meth:`GNNPipeStrategy.check <lightning_gnnpipe.GNNPipeStrategy.check>`.
 
         Raises:
             TypeError: No ``GraphChunkDataModule`` or no splittable layer stack.
