@@ -106,8 +106,8 @@ class NodeDropout(nn.Module):
         ``x`` ``(R, d)`` -> ``(R, d)``, the same dtype.
 
     Raises:
-        ValueError: ``p`` outside ``[0, 1)``; in forward (training mode), an input that is not ``(R, d)``, or under
-            :func:`node_rows` one whose rows do not match the declared nodes.
+        ValueError: ``p`` outside ``[0, 1)``; in forward (training mode, ``p > 0``), an input that is not
+            ``(R, d)``, or under :func:`node_rows` one whose rows do not match the declared nodes.
     """
 
     seed: Tensor
