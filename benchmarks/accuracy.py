@@ -126,7 +126,7 @@ LONGER: Dict[Tuple[str, str], Tuple[int, List[str], List[int]]] = {
     ("Tolokers", "resgcn8"): (100, ["exact", "pipe-K8-default"], [0, 1, 2]),
     ("Tolokers", "gcnii16"): (100, ["exact", "pipe-K8-default", "pipe-K8-halograd"], [0, 1, 2]),
     ("Tolokers", "resgcn16"): (100, ["exact", "pipe-K8-default", "pipe-K8-halograd"], [0, 1, 2]),
-    ("Tolokers", "gcnii32"): (100, ["exact", "pipe-K8-default"], [0, 1, 2]),
+    ("Tolokers", "gcnii32"): (100, ["exact", "pipe-K8-default", "pipe-K8-halograd"], [0, 1, 2]),
 }
 # ... (dataset, model) -> (epochs, modes, seeds) of techniques tried on a large-graph pair outside the criterion ...
 LARGE_TECHNIQUES: Dict[Tuple[str, str], Tuple[int, List[str], List[int]]] = {
