@@ -130,6 +130,7 @@ SEED_STUDY_SEEDS = list(range(10))
 SEED_STUDY_20: Dict[Tuple[str, str], List[str]] = {
     ("CiteSeer", "resgcn4"): ["exact", "pipe-K8-default"],
     ("CiteSeer", "gat4"): ["exact", "pipe-K2-default", "pipe-K8-default"],
+    ("CiteSeer", "resgcn4-nodedrop"): ["exact", "pipe-K8-default", "pipe-K8-refresh1-train"],
 }
 SEED_STUDY_20_SEEDS = list(range(20))
 # ... (dataset, model) -> (epochs, modes, seeds) of the longer runs (the large graphs, more epochs than the table) ...
