@@ -137,7 +137,8 @@ SEED_STUDY_20_SEEDS = list(range(20))
 LONGER: Dict[Tuple[str, str], Tuple[int, List[str], List[int]]] = {
     ("Tolokers", "resgcn8"): (100, ["exact", "pipe-K8-default"], [0, 1, 2]),
     ("Tolokers", "gcnii16"): (100, ["exact", "pipe-K8-default", "pipe-K8-halograd"], [0, 1, 2]),
-    ("Tolokers", "resgcn16"): (100, ["exact", "pipe-K4-default", "pipe-K8-default", "pipe-K8-halograd"], [0, 1, 2]),
+    ("Tolokers", "resgcn16"): (100, ["exact", "pipe-K4-default", "pipe-K8-default", "pipe-K8-halograd",
+                                     "pipe-K8-refresh1"], [0, 1, 2]),
     ("Tolokers", "gcnii32"): (100, ["exact", "pipe-K8-default", "pipe-K8-halograd"], [0, 1, 2]),
 }
 # ... (dataset, model) -> (epochs, modes, seeds) of techniques tried on a large-graph pair outside the criterion ...
