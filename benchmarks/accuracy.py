@@ -43,7 +43,8 @@ from lightning_gnnpipe import GraphChunkDataModule, find_layer_stack  # noqa: E4
 from lightning_gnnpipe import datasets as ds  # noqa: E402
 from lightning_gnnpipe.nn.gcnii import GCNII  # noqa: E402
 from lightning_gnnpipe.nn.stack import infer_dims, takes_x0  # noqa: E402
-from lightning_gnnpipe.pipeline.graph import build_chunk_graph  # noqa: E402
+from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
+from lightning_gnnpipe.nn.normalization import norm_keys  # noqa: E402
 from lightning_gnnpipe.pipeline.stage import GNNStage  # noqa: E402
 from train import DeepResGCN  # noqa: E402  (examples/train.py)
 
@@ -171,7 +172,7 @@ def chunked_stage(data, model: nn.Module, num_chunks: int, chunk_order: str, **o
     plan = GraphChunkDataModule(data, num_chunks=num_chunks, chunk_order=chunk_order).plan
     blocks = find_layer_stack(model).blocks
     dims = infer_dims(blocks, data.x[:2])
-    graph = build_chunk_graph(plan, data.edge_index, blocks, torch.device("cpu"))
+    graph = build_chunk_graph(plan, data.edge_index, norm_keys(blocks), torch.device("cpu"))
     stage = GNNStage(blocks, list(range(len(blocks))), dims, graph, x=data.x,
                      carry_x0=any(takes_x0(b) for b in blocks), **options)
     return plan, stage

@@ -31,7 +31,8 @@ from lightning_gnnpipe import build_chunk_plan, find_layer_stack  # noqa: E402
 from lightning_gnnpipe.datasets import load_planetoid  # noqa: E402
 from lightning_gnnpipe.nn.stack import infer_dims  # noqa: E402
 from lightning_gnnpipe.pipeline.balance import balanced_split, profile_layer_costs  # noqa: E402
-from lightning_gnnpipe.pipeline.graph import build_chunk_graph  # noqa: E402
+from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
+from lightning_gnnpipe.nn.normalization import norm_keys  # noqa: E402
 from lightning_gnnpipe.pipeline.split import split_layers  # noqa: E402
 from lightning_gnnpipe.pipeline.stage import GNNStage  # noqa: E402
 
@@ -40,7 +41,7 @@ class StageTimer:
     """One stage's module and inputs; ``run()`` times one step's forward+backward of all chunks."""
 
     def __init__(self, blocks, layers: List[int], dims, plan, data) -> None:
-        graph = build_chunk_graph(plan, data.edge_index, [blocks[i] for i in layers], torch.device("cpu"))
+        graph = build_chunk_graph(plan, data.edge_index, norm_keys([blocks[i] for i in layers]), torch.device("cpu"))
         self.stage = GNNStage([blocks[i] for i in layers], layers, dims, graph, x=data.x if 0 in layers else None)
         m = plan.max_chunk_size
         x_pad = plan.pad(data.x)

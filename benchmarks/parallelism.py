@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy  # noqa: E402
 from lightning_gnnpipe.comm.accounting import KINDS  # noqa: E402
 from lightning_gnnpipe import find_layer_stack  # noqa: E402
-from lightning_gnnpipe.comm.volume import graph_parallel_volume, hybrid_volume, pipeline_volume  # noqa: E402
+from lightning_gnnpipe.planner.volume import graph_parallel_volume, hybrid_volume, pipeline_volume  # noqa: E402
 from lightning_gnnpipe.data.partition import nested_partition  # noqa: E402
 from lightning_gnnpipe.pipeline.split import split_layers  # noqa: E402
 from lightning_gnnpipe.data.chunk import build_chunk_plan  # noqa: E402
@@ -109,7 +109,7 @@ class Probe(Callback):
         torch.set_num_threads(self.threads)
         self.bandwidth = None
         if trainer.world_size > 1:  # the process group exists here; every rank takes part
-            from lightning_gnnpipe.comm.planner import measure_bandwidth
+            from lightning_gnnpipe.planner.cost import measure_bandwidth
 
             self.bandwidth = measure_bandwidth(device=trainer.strategy.root_device)
 
@@ -313,7 +313,7 @@ def print_plans(args) -> None:
     from torch_geometric.nn.models import GCN
 
     from lightning_gnnpipe import find_layer_stack
-    from lightning_gnnpipe.comm.planner import estimate_layouts, format_table, measure_layer_seconds
+    from lightning_gnnpipe.planner.cost import estimate_layouts, format_table, measure_layer_seconds
 
     for name in args.datasets:
         data = load(name, args.sbm_nodes)

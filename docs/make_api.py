@@ -9,8 +9,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import lightning_gnnpipe as lg  # noqa: E402
 from lightning_gnnpipe.comm.accounting import CommStats  # noqa: E402
-from lightning_gnnpipe.comm.planner import estimate_layouts, measure_bandwidth, measure_layer_seconds  # noqa: E402
-from lightning_gnnpipe.comm.volume import graph_parallel_volume, hybrid_volume, pipeline_volume  # noqa: E402
+from lightning_gnnpipe.planner.cost import estimate_layouts, measure_bandwidth, measure_layer_seconds  # noqa: E402
+from lightning_gnnpipe.planner.volume import graph_parallel_volume, hybrid_volume, pipeline_volume  # noqa: E402
 from lightning_gnnpipe.data.partition import nested_partition  # noqa: E402
 from lightning_gnnpipe.data.order import greedy_chunk_order, stale_read_stats  # noqa: E402
 from lightning_gnnpipe.nn import NodeDropout, make_dropout, node_rows  # noqa: E402

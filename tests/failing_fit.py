@@ -16,14 +16,14 @@ import torch
 from lightning.pytorch import Trainer
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule
-from lightning_gnnpipe.strategy.launcher import _CheckedMultiProcessingLauncher
+from lightning_gnnpipe.strategy.launcher import CheckedMultiProcessingLauncher
 from tests.helpers import sbm_graph
 from tests.scenarios import FailingGCN
 
 
 class _ForkLaunchedStrategy(GNNPipeStrategy):
     def _configure_launcher(self) -> None:
-        self._launcher = _CheckedMultiProcessingLauncher(self, start_method="fork")
+        self._launcher = CheckedMultiProcessingLauncher(self, start_method="fork")
 
 
 def main(mode: str, timeout_s: float, start_method: str = "spawn") -> None:

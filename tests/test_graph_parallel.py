@@ -7,7 +7,7 @@ from torch_geometric.nn.models import GCN, GraphSAGE
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy
 from lightning_gnnpipe.comm.accounting import KINDS, CommStats
-from lightning_gnnpipe.comm.halo import build_halo_plan
+from lightning_gnnpipe.comm.exchange import build_slot_plans
 from tests.helpers import GCNModule, GNNModule, fit, losses, sbm_graph
 
 EPOCHS = 5
@@ -34,7 +34,7 @@ def num_params(module):
 
 def test_halo_plan_delivers_every_halo_row(graph):
     plan = GraphChunkDataModule(graph, num_chunks=3).plan
-    halos = [build_halo_plan(plan, r) for r in range(3)]
+    halos = [build_slot_plans(plan, 3, r)[r] for r in range(3)]  # graph parallelism: one slot, K = G
     for r in range(3):
         arrived = []
         for q in range(3):  # what q sends to r: its block number r, ids in global numbering
@@ -42,8 +42,9 @@ def test_halo_plan_delivers_every_halo_row(graph):
             block = halos[q].send_index[start: start + halos[q].send_counts[r]]
             arrived.append(plan.nodes[q][block])
         assert [int(a.numel()) for a in arrived] == halos[r].recv_counts
-        out = torch.full((halos[r].halo_size,), -1, dtype=torch.long)
-        out[halos[r].recv_pos] = torch.cat(arrived)
+        assert torch.equal(torch.cat(arrived), halos[r].recv_ids)
+        out = torch.full((plan.halo[r].numel(),), -1, dtype=torch.long)
+        out[halos[r].live_pos] = torch.cat(arrived)[halos[r].back_sel]
         assert torch.equal(out, plan.halo[r])
 
 

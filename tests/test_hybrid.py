@@ -5,9 +5,9 @@ import torch
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, find_layer_stack
 from lightning_gnnpipe.comm.accounting import KINDS
-from lightning_gnnpipe.comm.volume import hybrid_volume
+from lightning_gnnpipe.planner.volume import hybrid_volume
 from lightning_gnnpipe.pipeline.split import split_layers
-from lightning_gnnpipe.comm.slot_exchange import build_slot_plans, partition_halos
+from lightning_gnnpipe.comm.exchange import build_slot_plans, partition_halos
 from tests.helpers import ChunkLossGCN, GCNModule, fit, losses, sbm_graph
 from tests.reference import chunked_reference
 

@@ -5,8 +5,8 @@ import torch
 from torch_geometric.nn.models import GCN
 
 from lightning_gnnpipe import find_layer_stack
-from lightning_gnnpipe.comm.planner import estimate_layouts, format_table, measure_layer_seconds, recommend
-from lightning_gnnpipe.comm.volume import pipeline_volume
+from lightning_gnnpipe.planner.cost import estimate_layouts, format_table, measure_layer_seconds, recommend
+from lightning_gnnpipe.planner.volume import pipeline_volume
 from lightning_gnnpipe.data.chunk import build_chunk_plan
 from tests.helpers import sbm_graph
 
@@ -50,7 +50,7 @@ def test_measure_layer_seconds(graph):
 
 
 def test_hybrid_layouts_are_estimated(graph):
-    from lightning_gnnpipe.comm.volume import hybrid_volume
+    from lightning_gnnpipe.planner.volume import hybrid_volume
     from lightning_gnnpipe.data.partition import nested_partition
 
     dims = [16] + [64] * 8
@@ -68,7 +68,7 @@ def _bandwidth_worker(rank: int, store_path: str, out: str) -> None:
 
     import torch.distributed as dist
 
-    from lightning_gnnpipe.comm.planner import measure_bandwidth
+    from lightning_gnnpipe.planner.cost import measure_bandwidth
 
     store = dist.FileStore(store_path, 2)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
@@ -81,7 +81,7 @@ def _bandwidth_worker(rank: int, store_path: str, out: str) -> None:
 def test_measure_bandwidth_two_ranks(tmp_path):
     import torch.multiprocessing as mp
 
-    from lightning_gnnpipe.comm.planner import measure_bandwidth
+    from lightning_gnnpipe.planner.cost import measure_bandwidth
 
     out = str(tmp_path / "bw")
     mp.spawn(_bandwidth_worker, args=(str(tmp_path / "store"), out), nprocs=2)

@@ -18,7 +18,8 @@ from torch_geometric.nn.models import GCN
 
 from lightning_gnnpipe import GraphChunkDataModule, build_chunk_plan, find_layer_stack
 from lightning_gnnpipe.nn.stack import infer_dims
-from lightning_gnnpipe.pipeline.graph import build_chunk_graph
+from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
+from lightning_gnnpipe.nn.normalization import norm_keys
 from lightning_gnnpipe.pipeline.stage import GNNStage
 from lightning_gnnpipe.strategy.checkpoint import CHECKPOINT_KEY, _rng_to_plain, restore_history, restore_rng
 from tests.helpers import ChunkLossGCN, GCNModule, MetricRecorder, sbm_graph
@@ -167,7 +168,7 @@ def _stage_with_layers_1_2():
     plan = build_chunk_plan(data.edge_index, 60, 2)
     dims = infer_dims(stack.blocks, data.x[:2])
     blocks = [stack.blocks[1], stack.blocks[2]]
-    graph = build_chunk_graph(plan, data.edge_index, blocks, torch.device("cpu"))
+    graph = build_chunk_graph(plan, data.edge_index, norm_keys(blocks), torch.device("cpu"))
     return GNNStage(blocks, [1, 2], dims, graph), plan
 
 

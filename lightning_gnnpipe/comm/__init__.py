@@ -1,4 +1,4 @@
-"""Communication: halo exchange between graph partitions, byte and wait-time accounting."""
+"""Communication: the halo row exchange of graph and hybrid parallelism, gradient sums, byte and time accounting."""
 
 from lightning_gnnpipe.comm.accounting import KINDS, CommStats
 

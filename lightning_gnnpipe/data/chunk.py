@@ -8,7 +8,7 @@ at an inner node. Every edge belongs to exactly one chunk, the chunk of its targ
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch
@@ -35,7 +35,6 @@ class ChunkPlan:
     nodes: List[Tensor]
     halo: List[Tensor]
     edge_cut: float
-    _local: List[Tensor] = field(default_factory=list, repr=False)
 
     @property
     def num_chunks(self) -> int:
@@ -54,15 +53,16 @@ class ChunkPlan:
         """Rows ``M`` every micro-batch is padded to (the largest chunk)."""
         return max(self.chunk_sizes)
 
-    def local_index(self, c: int) -> Tensor:
-        """Map global node id to chunk ``c``'s local id (``-1`` outside chunk and halo), ``(|V|,)``."""
-        if not self._local:
-            for k in range(self.num_chunks):
-                local = torch.full((self.num_nodes,), -1, dtype=torch.long)
-                local[self.nodes[k]] = torch.arange(self.nodes[k].numel())
-                local[self.halo[k]] = self.nodes[k].numel() + torch.arange(self.halo[k].numel())
-                self._local.append(local)
-        return self._local[c]
+    def local_index(self, c: int, out: Optional[Tensor] = None) -> Tensor:
+        """Map global node id to chunk ``c``'s local id (``-1`` outside chunk and halo), ``(|V|,)``.
+
+        Built on demand and not kept (``K`` such maps would hold ``K |V|`` ids). ``out``: a ``(|V|,)`` buffer
+        filled with ``-1`` to write into (then reset by the caller), instead of a new one.
+        """
+        local = torch.full((self.num_nodes,), -1, dtype=torch.long) if out is None else out
+        local[self.nodes[c]] = torch.arange(self.nodes[c].numel())
+        local[self.halo[c]] = self.nodes[c].numel() + torch.arange(self.halo[c].numel())
+        return local
 
     def local_edges(self, edge_index: Tensor) -> List[Tuple[Tensor, Tensor]]:
         """Split edges by the chunk of their target and relabel them to local ids.
@@ -79,16 +79,21 @@ class ChunkPlan:
             ValueError: If an edge comes from a node that is neither inner nor halo.
         """
         dst_chunk = self.part[edge_index[1]]
+        order = torch.sort(dst_chunk, stable=True).indices  # edges grouped by target chunk, original order kept
+        counts = torch.bincount(dst_chunk, minlength=self.num_chunks).tolist()
+        del dst_chunk
+        buffer = torch.full((self.num_nodes,), -1, dtype=torch.long)  # one |V| map, reused for every chunk
         out = []
-        for c in range(self.num_chunks):
-            eid = (dst_chunk == c).nonzero().view(-1)
-            local = self.local_index(c)[edge_index[:, eid]]
+        for c, eid in enumerate(torch.split(order, counts)):
+            local = self.local_index(c, out=buffer)[edge_index[:, eid]]
+            buffer[self.nodes[c]] = -1
+            buffer[self.halo[c]] = -1
             if local.numel() and int(local.min()) < 0:
                 raise ValueError(
                     f"ChunkPlan.local_edges: chunk {c} receives an edge from a node outside its "
                     "halo. Build the plan from the same graph."
                 )
-            out.append((local, eid))
+            out.append((local, eid.clone()))
         return out
 
     def pad(self, x: Tensor) -> Tensor:

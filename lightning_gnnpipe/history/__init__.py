@@ -1,1 +1,1 @@
-"""Historical-embedding tables."""
+"""Historical-embedding tables, stale halo gradients, and their lifecycle over an epoch (refresh, staleness)."""

@@ -19,15 +19,15 @@ from typing import List
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
-from torch.nn.modules.instancenorm import _InstanceNorm
 from torch_geometric.nn import norm as pyg_norm
 
-PER_CHUNK_IN_TRAINING = (_BatchNorm, pyg_norm.BatchNorm, pyg_norm.HeteroBatchNorm, pyg_norm.DiffGroupNorm)
+from lightning_gnnpipe._compat import BatchNormBase, InstanceNormBase
+
+PER_CHUNK_IN_TRAINING = (BatchNormBase, pyg_norm.BatchNorm, pyg_norm.HeteroBatchNorm, pyg_norm.DiffGroupNorm)
 """Normalise with chunk statistics in training, with running statistics in evaluation."""
 
 PER_CHUNK_ALWAYS = (
-    _InstanceNorm, pyg_norm.InstanceNorm, pyg_norm.GraphNorm, pyg_norm.PairNorm,
+    InstanceNormBase, pyg_norm.InstanceNorm, pyg_norm.GraphNorm, pyg_norm.PairNorm,
     pyg_norm.MeanSubtractionNorm, pyg_norm.GraphSizeNorm,
 )
 """Normalise with statistics of the rows they are given, in training and evaluation."""

@@ -1,10 +1,10 @@
-"""Degree normalisation on the full graph for convs that a chunk would get wrong.
+"""Feed full-graph degree normalisation to the convs that a chunk would get wrong.
 
 ``GCNConv(normalize=True)`` (and ``GCN2Conv``) computes ``D^-1/2 (A + I) D^-1/2`` from the degrees of the graph
 it is given. On a chunk's local graph a halo node has only its chunk-local edges, so its
-degree is wrong. GNNPipe needs the full-graph coefficients (arXiv 2308.10087, Sec. 4.1), so
-they are computed once with :func:`torch_geometric.nn.conv.gcn_conv.gcn_norm` on the whole
-graph, sliced per chunk, and fed to the conv while a chunk runs. The conv is wrapped for the
+degree is wrong. GNNPipe needs the full-graph coefficients (arXiv 2308.10087, Sec. 4.1): they are
+computed once on the whole graph (:mod:`~lightning_gnnpipe.data.chunk_graph`), sliced per chunk, and fed to the
+conv while a chunk runs. The conv is wrapped for the
 duration of one call (its ``forward`` is swapped and restored); its parameters and flags
 stay untouched.
 
@@ -15,16 +15,15 @@ refused.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Set, Tuple
 
 from torch import Tensor, nn
 import torch
 from torch_geometric.nn import APPNP, ChebConv, GCN2Conv, GCNConv, SGConv, SSGConv, TAGConv
-from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+from lightning_gnnpipe.data.chunk_graph import NormKey, full_graph_norm  # noqa: F401  (full_graph_norm: re-export)
 
 MULTI_HOP = (SGConv, SSGConv, TAGConv, ChebConv, APPNP)
-
-NormKey = Tuple[bool, bool]  # (improved, add_self_loops)
 
 
 def normalized_convs(block: nn.Module) -> List[nn.Module]:
@@ -33,7 +32,13 @@ def normalized_convs(block: nn.Module) -> List[nn.Module]:
 
 
 def norm_key(conv: nn.Module) -> NormKey:
+    """Return the ``(improved, add_self_loops)`` normalisation a conv needs."""
     return (bool(getattr(conv, "improved", False)), bool(conv.add_self_loops))
+
+
+def norm_keys(blocks: List[nn.Module]) -> Set[NormKey]:
+    """Return every normalisation that the blocks' ``GCNConv``/``GCN2Conv(normalize=True)`` layers need."""
+    return {norm_key(c) for b in blocks for c in normalized_convs(b)}
 
 
 def check_supported(blocks: List[nn.Module]) -> None:
@@ -51,12 +56,6 @@ def check_supported(blocks: List[nn.Module]) -> None:
                     f"{m.K} hops inside one layer; a chunk carries a 1-hop halo (got K={m.K}). "
                     "Use K=1 layers stacked K times."
                 )
-
-
-def full_graph_norm(edge_index: Tensor, num_nodes: int, key: NormKey, dtype) -> Tuple[Tensor, Tensor]:
-    """Return ``(edge_index (2, |E'|), edge_weight (|E'|,))`` normalised on the whole graph."""
-    improved, add_self_loops = key
-    return gcn_norm(edge_index, None, num_nodes, improved, add_self_loops, "source_to_target", dtype)
 
 
 def _gcn_forward(conv: GCNConv, edge_index: Tensor, edge_weight: Tensor, x: Tensor, *_, **__) -> Tensor:

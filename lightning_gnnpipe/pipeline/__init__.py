@@ -1,1 +1,1 @@
-"""Split a GNN into stages; stage modules, schedules and the last stage's loss."""
+"""Split a GNN into stages; stage modules, schedules, the last stage's loss, and this rank's pipeline runtime."""

@@ -20,9 +20,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor, nn
 
 from lightning_gnnpipe.data.chunk import ChunkPlan
-from lightning_gnnpipe.nn.normalization import normalized_convs, precomputed_norm
-from lightning_gnnpipe.nn.stack import infer_dims, uses_graph
-from lightning_gnnpipe.pipeline.graph import ChunkGraph, build_chunk_graph
+from lightning_gnnpipe.nn.normalization import norm_keys, normalized_convs, precomputed_norm
+from lightning_gnnpipe.nn.chunk_call import ChunkCaller, uses_sparse
+from lightning_gnnpipe.nn.stack import infer_dims, takes_x0, uses_graph
+from lightning_gnnpipe.data.chunk_graph import ChunkGraph, build_chunk_graph
 from lightning_gnnpipe.pipeline.split import split_layers
 
 BALANCES = ("count", "time")
@@ -112,7 +113,7 @@ def profile_layer_costs(
         ``L`` times in seconds.
     """
     device = x.device
-    graph = build_chunk_graph(plan, edge_index, blocks, device, dtype=x.dtype)
+    graph = build_chunk_graph(plan, edge_index, norm_keys(blocks), device, dtype=x.dtype, sparse=uses_sparse(blocks))
     dims = infer_dims(blocks, x[:2])
     saved = [(t, t.detach().clone()) for b in blocks for t in b.buffers()]
     times: List[List[float]] = [[] for _ in blocks]
@@ -142,8 +143,11 @@ def _time_block(block: nn.Module, j: int, graph: ChunkGraph, chunk: int, in_chan
     inputs = ([h] if j > 0 else []) + [p for p in block.parameters() if p.requires_grad]
     _sync(device)
     start = time.perf_counter()
-    with precomputed_norm(normalized_convs(block), graph.norm_edges[chunk]):
-        out = block(h, ei)
+    if graph_block and not takes_x0(block):
+        out = ChunkCaller(block, graph)(h, chunk, local, 0)
+    else:
+        with precomputed_norm(normalized_convs(block), graph.norm_edges[chunk]):
+            out = block(h, ei)
     if inputs:
         torch.autograd.grad(out, inputs, grad_outputs=torch.ones_like(out), allow_unused=True)
     _sync(device)

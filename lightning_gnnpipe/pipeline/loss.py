@@ -24,7 +24,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from lightning_gnnpipe.pipeline.graph import ChunkGraph
+from lightning_gnnpipe.data.chunk_graph import ChunkGraph
 
 
 def chunk_has_labels(batch: Any, nodes: Tensor) -> bool:

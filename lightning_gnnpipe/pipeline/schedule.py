@@ -17,17 +17,17 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
-                                          ScheduleInterleavedZeroBubble, ScheduleLoopedBFS, ScheduleZBVZeroBubble)
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import get_schedule_class
 
-SINGLE_STAGE_SCHEDULES: Dict[str, type] = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+SINGLE_STAGE_SCHEDULES: Dict[str, type] = {"gpipe": get_schedule_class("GPipe"), "1f1b": get_schedule_class("1F1B")}
 """One stage per rank (``stages_per_rank=1``)."""
 
 MULTI_STAGE_SCHEDULES: Dict[str, type] = {
-    "interleaved_1f1b": ScheduleInterleaved1F1B,
-    "looped_bfs": ScheduleLoopedBFS,
-    "interleaved_zb": ScheduleInterleavedZeroBubble,
-    "zbv": ScheduleZBVZeroBubble,
+    "interleaved_1f1b": get_schedule_class("Interleaved1F1B"),
+    "looped_bfs": get_schedule_class("LoopedBFS"),
+    "interleaved_zb": get_schedule_class("InterleavedZeroBubble"),
+    "zbv": get_schedule_class("ZBVZeroBubble"),
 }
 """Several (virtual) stages per rank (``stages_per_rank >= 2``; ``"zbv"``: exactly 2)."""
 
@@ -152,7 +152,7 @@ def build_schedule(
         out_dtypes: Per local stage, the dtype leaving it (the module must return this dtype).
 
     Returns:
-        A single-stage schedule (``schedule._stage``) or a multi-stage one (``schedule._stages``).
+        A single-stage schedule or a multi-stage one (torch's ``ScheduleGPipe``, ``Schedule1F1B``, ...).
     """
     stages = []
     for j, (module, index) in enumerate(zip(modules, stage_indices)):

@@ -22,13 +22,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_gnnpipe.comm.slot_exchange import StageExchange
+from lightning_gnnpipe.comm.exchange import StageExchange
 from lightning_gnnpipe.history.halo_grad import HaloGradients
 from lightning_gnnpipe.history.history import History
 from lightning_gnnpipe.nn.dropout import node_rows
-from lightning_gnnpipe.nn.normalization import normalized_convs, precomputed_norm
+from lightning_gnnpipe.nn.chunk_call import ChunkCaller
 from lightning_gnnpipe.nn.stack import call_block, uses_graph
-from lightning_gnnpipe.pipeline.graph import ChunkGraph
+from lightning_gnnpipe.data.chunk_graph import ChunkGraph
+
+STAGE_ERROR = "_gnnpipe_stage_index"
+"""Attribute set on an exception raised inside :meth:`GNNStage.forward`: the (virtual) stage index."""
 
 
 class GNNStage(nn.Module):
@@ -45,8 +48,9 @@ class GNNStage(nn.Module):
         halo_gradients: ``"detach"`` drops the gradient that reaches halo rows (GNNAutoScale);
             ``"stale"`` applies it to the owner chunk one epoch later (PipeGCN).
         carry_x0: Whether some block of the model takes the initial embedding ``x0``.
+        stage_index: The (virtual) stage index, recorded on errors raised in :meth:`forward` (:data:`STAGE_ERROR`).
         exchange: Hybrid parallelism only: the halo exchange with the other partitions' ranks of this
-            stage (:class:`~lightning_gnnpipe.comm.slot_exchange.StageExchange`); needs ``halo_gradients="detach"``.
+            stage (:class:`~lightning_gnnpipe.comm.exchange.StageExchange`); needs ``halo_gradients="detach"``.
 
     Shapes:
         forward: ``h`` ``(M, dims[l_s])`` -> ``(M, dims[l_{s+1}])``; ``chunk_id`` ``(1,)``. When a
@@ -66,8 +70,10 @@ class GNNStage(nn.Module):
         halo_gradients: str = "detach",
         carry_x0: bool = False,
         exchange: Optional[StageExchange] = None,
+        stage_index: int = 0,
     ) -> None:
         super().__init__()
+        self.stage_index = stage_index
         if halo_gradients not in ("detach", "stale"):
             raise ValueError(f"GNNStage: `halo_gradients` must be 'detach' or 'stale' (got {halo_gradients!r}).")
         if exchange is not None and halo_gradients != "detach":
@@ -88,7 +94,7 @@ class GNNStage(nn.Module):
         self.epoch = 0  # keys NodeDropout's masks (next_epoch)
         self._rows = [torch.cat([n, h]) for n, h in zip(graph.nodes, graph.halo)]  # global id of each local row
         self._uses_graph = [uses_graph(b) for b in blocks]
-        self._norm_convs = [normalized_convs(b) for b in blocks]
+        self._callers = [ChunkCaller(b, graph) for b in blocks]  # sparse adjacency or edge list, per block
         num_nodes = sum(int(n.numel()) for n in graph.nodes)
         device = graph.nodes[0].device
         self.histories = nn.ModuleDict()
@@ -112,8 +118,7 @@ class GNNStage(nn.Module):
     def _run_block(self, j: int, x_local: Tensor, c: int, h0: Optional[Tensor]) -> Tensor:
         if h0 is not None:  # x0 of halo rows is never used for inner outputs: pad with zeros
             h0 = F.pad(h0, (0, 0, 0, x_local.size(0) - h0.size(0)))
-        with precomputed_norm(self._norm_convs[j], self.graph.norm_edges[c]), node_rows(self._rows[c], self.epoch):
-            return call_block(self.blocks[j], x_local, self.graph.edge_index[c], h0)
+        return self._callers[j](x_local, c, self._rows[c], self.epoch, h0)
 
     def _outputs(self, h: Tensor, h0: Optional[Tensor], rows: int):
         pad = lambda t: F.pad(t, (0, 0, 0, rows - t.size(0)))  # noqa: E731
@@ -122,7 +127,21 @@ class GNNStage(nn.Module):
         return pad(h)
 
     def forward(self, h: Tensor, *carried: Tensor, chunk_id: Tensor):
-        """Run chunk ``chunk_id`` through this stage's layers (training micro-batch)."""
+        """Run chunk ``chunk_id`` through this stage's layers (training micro-batch).
+
+        An exception raised here gets the attribute :data:`STAGE_ERROR` (this stage's index), so that the
+        strategy can find it under the ``RuntimeError`` torch's pipelining stage wraps it in.
+        """
+        try:
+            return self._forward_chunk(h, *carried, chunk_id=chunk_id)
+        except Exception as exc:
+            try:
+                setattr(exc, STAGE_ERROR, self.stage_index)
+            except AttributeError:  # exceptions with __slots__
+                pass
+            raise
+
+    def _forward_chunk(self, h: Tensor, *carried: Tensor, chunk_id: Tensor):
         c = int(chunk_id.reshape(-1)[0])
         nodes, halo = self.graph.nodes[c], self.graph.halo[c]
         n = nodes.numel()

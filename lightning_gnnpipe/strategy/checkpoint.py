@@ -19,19 +19,44 @@ reads it. Saving is a collective (every rank sends its part to rank 0); loading 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+import random
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch.optim import Optimizer
 
 from lightning_gnnpipe.data.chunk import ChunkPlan
 from lightning_gnnpipe.pipeline.stage import GNNStage
+from lightning_gnnpipe.strategy.base import distributed_is_initialized
+from lightning_gnnpipe.strategy.state import merged_optimizer_state, sync_stage_tensors
 
 CHECKPOINT_KEY = "gnnpipe"
 """Key of the pipeline's state in a Lightning checkpoint dict."""
+
+
+def collect_rng_states() -> Dict[str, Any]:
+    """This process's torch, CUDA, numpy and Python generator states (the keys Lightning's checkpoints use)."""
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch.cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_states(states: Dict[str, Any]) -> None:
+    """Set the generators from :func:`collect_rng_states`'s dict (CUDA and numpy only if present)."""
+    torch.set_rng_state(states["torch"])
+    if states.get("torch.cuda"):
+        torch.cuda.set_rng_state_all(states["torch.cuda"])
+    if "numpy" in states:
+        np.random.set_state(states["numpy"])
+    version, state, gauss = states["python"]
+    random.setstate((version, tuple(state), gauss))
 
 
 def _rng_to_plain(states: Dict[str, Any]) -> Dict[str, Any]:
@@ -73,7 +98,7 @@ def gather_pipeline_state(
     """
     stages = [stage] if isinstance(stage, GNNStage) else list(stage)
     local = {
-        "rng": _rng_to_plain(_collect_rng_states()),
+        "rng": _rng_to_plain(collect_rng_states()),
         "history": {int(k): t.emb.detach().cpu().clone() for st in stages for k, t in st.histories.items()}
         if save_history else None,
     }
@@ -147,5 +172,61 @@ def restore_rng(saved: Optional[Dict[str, Any]], rank: int, num_stages: int) -> 
             "are restored, random generator states are not, so dropout draws differ from an uninterrupted run."
         )
         return False
-    _set_rng_states(_rng_from_plain(saved["rng_states"][rank]))
+    set_rng_states(_rng_from_plain(saved["rng_states"][rank]))
     return True
+
+
+class PipelineCheckpointHooks:
+    """The checkpoint hooks of :class:`~lightning_gnnpipe.GNNPipeStrategy` (a mixin over its Lightning base).
+
+    Every rank holds the whole LightningModule, but only a layer's stage trains it: before a checkpoint is
+    written, and at the end of fit, every owned tensor is broadcast from its owner
+    (:mod:`~lightning_gnnpipe.strategy.state`), and the pipeline's own state goes under :data:`CHECKPOINT_KEY`.
+    """
+
+    def lightning_module_state_dict(self) -> Dict[str, Any]:
+        """Return the full model's ``state_dict`` (every stage's weights, original names)."""
+        if distributed_is_initialized() and self._owners:
+            sync_stage_tensors(self.lightning_module, self._owners, group=self._pp_group)
+        return self.lightning_module.state_dict()
+
+    def optimizer_state(self, optimizer: Optimizer) -> Dict[str, Any]:
+        """Return one single-device-shaped optimizer state, each parameter's from its owner."""
+        if not distributed_is_initialized() or not self._owners:
+            return super().optimizer_state(optimizer)
+        opt = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer  # a LightningOptimizer
+        return merged_optimizer_state(opt, self._owners, self.stage_index, group=self._pp_group)
+
+    def save_checkpoint(self, checkpoint: Dict[str, Any], filepath: Any, storage_options: Optional[Any] = None) -> None:
+        """Add the pipeline's state (RNG, chunk plan, optional history tables) and write on rank 0.
+
+        Called on every rank (the state is gathered to rank 0).
+        """
+        if self._runtime is not None and distributed_is_initialized():
+            state = gather_pipeline_state(self._runtime.stages, self.lightning_module.trainer.datamodule.plan,
+                                          self._layers, self.stage_index,
+                                          self.save_history and "optimizer_states" in checkpoint, group=self._pp_group)
+            if state is not None:
+                checkpoint[CHECKPOINT_KEY] = state
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> Dict[str, Any]:
+        """Load the checkpoint on every rank and keep the pipeline's state for ``on_train_start``."""
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        self._resume_state = checkpoint.get(CHECKPOINT_KEY)
+        return checkpoint
+
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        """Restore the optimizers, then this stage's random generators.
+
+        Restoring the generators here, before the fit loop builds its first data iterator (which
+        draws a seed), replays exactly the draws an uninterrupted run makes after the save.
+        """
+        super().load_optimizer_state_dict(checkpoint)
+        restore_rng(checkpoint.get(CHECKPOINT_KEY), self.stage_index, self.num_stages)
+
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        # The model that spawn hands back to the main process is rank 0's: make it complete.
+        if distributed_is_initialized() and self._owners:
+            sync_stage_tensors(self.lightning_module, self._owners, group=self._pp_group)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Optional
 
-import torch.distributed as dist
 from torch import nn
 
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
@@ -17,9 +16,50 @@ from lightning_gnnpipe.pipeline.split import split_layers
 CHUNK_LOSS_HOOK = "pipeline_chunk_loss"
 
 
+def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: int, history_momentum: float,
+                           halo_gradients: str, graph_parallel_size: int) -> str:
+    """Validate :class:`~lightning_gnnpipe.GNNPipeStrategy`'s own options; return the schedule name.
+
+    Raises:
+        ValueError: Unknown ``schedule`` or a ``stages_per_rank`` it does not take
+            (:func:`~lightning_gnnpipe.pipeline.schedule.check_schedule`), ``refresh_every`` not an int >= 0,
+            ``history_momentum`` outside ``[0, 1)``, unknown ``halo_gradients``, ``graph_parallel_size`` not an
+            int >= 1, ``halo_gradients="stale"`` with hybrid parallelism or a multi-stage schedule, or a
+            multi-stage schedule with hybrid parallelism.
+    """
+    name = check_schedule(schedule, stages_per_rank=stages_per_rank)
+    if isinstance(refresh_every, bool) or not isinstance(refresh_every, int) or refresh_every < 0:
+        raise ValueError(f"GNNPipeStrategy: `refresh_every` must be an int >= 0 epochs (got {refresh_every!r}).")
+    if not 0.0 <= history_momentum < 1.0:
+        raise ValueError(f"GNNPipeStrategy: `history_momentum` must be in [0, 1) (got {history_momentum}).")
+    if halo_gradients not in ("detach", "stale"):
+        raise ValueError(f"GNNPipeStrategy: `halo_gradients` must be 'detach' or 'stale' (got {halo_gradients!r}).")
+    G = graph_parallel_size
+    if isinstance(G, bool) or not isinstance(G, int) or G < 1:
+        raise ValueError(f"GNNPipeStrategy: `graph_parallel_size` must be an int >= 1 (got {G!r}).")
+    if G > 1 and halo_gradients != "detach":
+        raise ValueError(
+            "GNNPipeStrategy: `halo_gradients='stale'` is not supported with `graph_parallel_size` > 1 "
+            f"(got graph_parallel_size={G}). Use halo_gradients='detach'."
+        )
+    if is_multi_stage(name) and halo_gradients != "detach":
+        raise ValueError(
+            f"GNNPipeStrategy: `halo_gradients='stale'` is not supported with the multi-stage schedule "
+            f"{name!r} (got halo_gradients={halo_gradients!r}). Use halo_gradients='detach', or "
+            "schedule 'gpipe'/'1f1b'."
+        )
+    if is_multi_stage(name) and G > 1:
+        raise ValueError(
+            f"GNNPipeStrategy: the multi-stage schedule {name!r} is not supported with hybrid "
+            f"parallelism (got graph_parallel_size={G}). Use graph_parallel_size=1, or "
+            "schedule 'gpipe'/'1f1b'."
+        )
+    return name
+
+
 def check_layout(
     module: nn.Module, datamodule: Optional[object], num_stages: int, schedule: str, fitting: bool = True,
-    graph_parallel_size: int = 1, stages_per_rank: int = 1,
+    graph_parallel_size: int = 1, stages_per_rank: int = 1, world_size: Optional[int] = None,
 ) -> LayerStack:
     """Validate everything the pipeline needs and return the model's layer stack.
 
@@ -31,14 +71,29 @@ def check_layout(
         fitting: Whether the schedule will run (fit); evaluation only needs the layout.
         graph_parallel_size: ``G``.
         stages_per_rank: ``v``; the layers are cut into ``S * v`` virtual stages.
+        world_size: ``P = S * G`` processes (default ``S * G``).
 
     Raises:
         TypeError: No ``GraphChunkDataModule``, or no splittable layer stack.
-        ValueError: More (virtual) stages than layers, a multi-hop conv, a graph-wide norm layer (see
+        ValueError: A process count that is not a multiple of ``G``, a DataModule whose ``num_parts`` is not
+            ``G``, more (virtual) stages than layers, a multi-hop conv, a graph-wide norm layer (see
             :func:`~lightning_gnnpipe.nn.feature_norm.check_feature_norms`), a schedule that cannot run with
             the given ``K``, ``S`` and ``v`` (:func:`~lightning_gnnpipe.pipeline.schedule.check_schedule`), a
             non-GPipe schedule without ``pipeline_chunk_loss``, or a multi-stage schedule with ``G > 1``.
     """
+    G, world = graph_parallel_size, world_size if world_size is not None else num_stages * graph_parallel_size
+    if world % G:
+        raise ValueError(
+            f"GNNPipeStrategy: the {world} processes cannot form `graph_parallel_size`={G} pipelines "
+            f"(got devices * num_nodes = {world}). Use a process count that is a multiple of {G}."
+        )
+    parts = getattr(datamodule, "num_parts", 1)
+    if isinstance(datamodule, GraphChunkDataModule) and parts != G:
+        raise ValueError(
+            f"GNNPipeStrategy: `graph_parallel_size`={G} needs the graph cut into {G} partitions, but the "
+            f"DataModule has num_parts={parts}. Build it as GraphChunkDataModule(data, num_chunks=K, "
+            f"num_parts={G})."
+        )
     if not isinstance(datamodule, GraphChunkDataModule):
         raise TypeError(
             "GNNPipeStrategy: pass the graph as `datamodule=GraphChunkDataModule(data, num_chunks=K)` "
@@ -78,33 +133,3 @@ def check_layout(
                 "(see docs/quickstart.md) or use schedule='gpipe'."
             )
     return stack
-
-
-def check_stage_widths(widths: Dict[int, Tuple[List[int], List[int]]], group: Any = None) -> None:
-    """Check that every stage sends what the next stage expects (a collective: call on every rank).
-
-    Stages exchange fixed-shape buffers, so a width mismatch (a model built differently on some
-    rank) would otherwise surface as a failed or hanging transfer.
-
-    Args:
-        widths: For each (virtual) stage on this rank, its index -> (widths of the tensors it receives,
-            widths of the tensors it sends).
-        group: The pipeline's process group (default: world).
-
-    Raises:
-        RuntimeError: On every rank, if stage ``s`` sends other widths than stage ``s + 1`` expects.
-    """
-    gathered: List[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, {k: (list(i), list(o)) for k, (i, o) in widths.items()}, group=group)
-    merged: Dict[int, Any] = {}
-    for part in gathered:
-        merged.update(part)
-    infos = [merged[s] for s in sorted(merged)]
-    for s in range(len(infos) - 1):
-        sent, expected = infos[s][1], infos[s + 1][0]
-        if sent != expected:
-            raise RuntimeError(
-                f"GNNPipeStrategy: stage {s} sends embeddings of widths {sent} but stage {s + 1} expects widths "
-                f"{expected} (got (in, out) widths per stage {infos}). Build the model identically on every "
-                "rank: same hyperparameters, no layers that depend on the rank."
-            )

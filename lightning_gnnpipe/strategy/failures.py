@@ -11,14 +11,16 @@ first rank that exits with an error and stops the rest, so:
   the original error exit first;
 * an error raised inside a stage's forward pass reaches the user as itself: torch's pipelining
   stage wraps it in ``RuntimeError("[Stage i] failed to run forward: ...")`` (the original only
-  as ``__cause__``, mid-traceback); :func:`unwrap_stage_error` undoes that.
+  as ``__cause__``, mid-traceback); :func:`unwrap_stage_error` finds the original in the ``__cause__`` chain.
 """
 
 from __future__ import annotations
 
-import re
 import time
+
 import torch.distributed as dist
+
+from lightning_gnnpipe.pipeline.stage import STAGE_ERROR
 
 PEER_FAILURE_GRACE_S = 2.0
 """Seconds a rank whose peer failed waits before it exits (so the original error is reported)."""
@@ -32,7 +34,6 @@ _PEER_MARKERS = (  # gloo and nccl messages when a peer died, hung or closed its
     "timeout",
 )
 _MARK = "_gnnpipe_handled"
-_STAGE_WRAPPER = "failed to run forward"  # torch/distributed/pipelining/stage.py, forward_one_chunk (torch 2.13)
 
 
 def is_peer_failure(exc: BaseException) -> bool:
@@ -67,24 +68,28 @@ def handle_rank_failure(exc: BaseException, where: str) -> None:
 
 
 def unwrap_stage_error(exc: BaseException) -> BaseException:
-    """Return the error a block raised in a pipeline stage's forward pass, if ``exc`` is torch's wrapper of it.
+    """Return the error a block raised in a pipeline stage's forward pass, if ``exc`` wraps it.
 
     ``torch.distributed.pipelining`` (``_PipelineStageBase.forward_one_chunk``, torch 2.13) catches any
-    exception of the stage module's forward and raises ``RuntimeError("[Stage i] failed to run forward: args:
-    ...")`` from it. The original (a ``ValueError`` of a layer, say) gets a note naming the stage and is
-    returned; any other exception is returned unchanged.
+    exception of the stage module's forward and raises a ``RuntimeError`` from it. The stage module
+    (:class:`~lightning_gnnpipe.pipeline.stage.GNNStage`) marks every exception it lets through with its stage
+    index (:data:`~lightning_gnnpipe.pipeline.stage.STAGE_ERROR`); the first marked exception in ``exc``'s
+    ``__cause__`` chain gets a note naming the stage and is returned. Any other exception is returned unchanged.
 
     Args:
         exc: an exception raised by ``schedule.step``.
 
     Returns:
-        The original exception (``exc.__cause__``) for torch's forward wrapper, else ``exc``.
+        The original exception, else ``exc``.
     """
     cause = exc.__cause__
-    if not (isinstance(exc, RuntimeError) and isinstance(cause, Exception) and _STAGE_WRAPPER in str(exc)):
-        return exc
-    stage = re.search(r"\[Stage (\d+)\]", str(exc))
-    where = f"pipeline stage {stage.group(1)}" if stage else "a pipeline stage"
-    cause.add_note(f"GNNPipeStrategy: raised in the forward pass of {where} (torch.distributed.pipelining wraps it "
-                   "in a RuntimeError; this is the original).")
-    return cause
+    seen = {id(exc)}
+    while cause is not None and id(cause) not in seen:
+        stage = getattr(cause, STAGE_ERROR, None)
+        if stage is not None and isinstance(cause, Exception):
+            cause.add_note(f"GNNPipeStrategy: raised in the forward pass of pipeline stage {stage} "
+                           "(torch.distributed.pipelining wraps it in a RuntimeError; this is the original).")
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return exc

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
 
+from lightning_gnnpipe._compat import MultiProcessingLauncher
 from lightning_gnnpipe.strategy.precision import check_precision
 
 
-class _CheckedMultiProcessingLauncher(_MultiProcessingLauncher):
+class CheckedMultiProcessingLauncher(MultiProcessingLauncher):
     """Validate the model and DataModule before any worker (and process group) starts.
 
     Also fixes the loggers' run versions in the main process. A bad layout then raises its own

@@ -29,13 +29,12 @@ everywhere), so the local norm is the global one and no wrapper is installed.
 
 from __future__ import annotations
 
-import copy
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
-from torch import Tensor, nn
+from torch import Tensor
 from torch.optim import Optimizer
 
 
@@ -63,35 +62,6 @@ def autocast_dtype(plugin: Precision) -> Optional[torch.dtype]:
     if isinstance(plugin, MixedPrecision):
         return torch.bfloat16 if plugin.precision == "bf16-mixed" else torch.float16
     return None
-
-
-def cast_all(tensors: Union[Tensor, Tuple[Tensor, ...]], dtype: torch.dtype):
-    """Cast a tensor or a tuple of tensors to ``dtype`` (differentiable; no copy if already there)."""
-    if isinstance(tensors, tuple):
-        return tuple(t.to(dtype) for t in tensors)
-    return tensors.to(dtype)
-
-
-class BoundaryCast(nn.Module):
-    """Run a stage with its inputs in the compute dtype and its outputs in the boundary dtype.
-
-    Given to ``PipelineStage`` in place of the stage module when a boundary dtype differs from the
-    data dtype (``bf16-mixed``). The stage module is held, not copied; ``chunk_id`` passes through.
-
-    Args:
-        stage: The :class:`~lightning_gnnpipe.pipeline.stage.GNNStage`.
-        compute_dtype: Dtype the stage's layers receive (the node features' dtype).
-        out_dtype: Dtype of what the stage returns (the boundary dtype, or the data dtype on the
-            last stage).
-    """
-
-    def __init__(self, stage: nn.Module, compute_dtype: torch.dtype, out_dtype: torch.dtype) -> None:
-        super().__init__()
-        self.stage, self.compute_dtype, self.out_dtype = stage, compute_dtype, out_dtype
-
-    def forward(self, *inputs: Tensor, chunk_id: Tensor):
-        inputs = tuple(t.to(self.compute_dtype) for t in inputs)
-        return cast_all(self.stage(*inputs, chunk_id=chunk_id), self.out_dtype)
 
 
 # ---------------------------------------------------------------------- clipping
@@ -123,7 +93,8 @@ def global_grad_norm(grads: Sequence[Tensor], norm_type: float = 2.0, group: Any
 class GlobalNormClipping:
     """Mixin over a Lightning precision plugin: ``clip_grad_by_norm`` uses the global norm.
 
-    Built by :func:`global_norm_clipping`; the rest of the plugin is unchanged.
+    Used by the explicit plugins :class:`GlobalNormPrecision` and :class:`GlobalNormMixedPrecision`, built by
+    :func:`global_norm_clipping`; the rest of the plugin is Lightning's own.
     """
 
     _clip_group: Any = None
@@ -135,32 +106,46 @@ class GlobalNormClipping:
         torch.nn.utils.clip_grads_with_norm_(params, clip_val, total)
 
 
-_CLASSES: Dict[type, type] = {}
+class GlobalNormPrecision(GlobalNormClipping, Precision):
+    """``"32-true"`` with global-norm clipping."""
+
+    # Lightning keys a plugin's checkpoint state by ``type(plugin).__qualname__``: keep the base class's, so a
+    # checkpoint reads as one written on a single device.
+    __qualname__ = "Precision"
+
+
+class GlobalNormMixedPrecision(GlobalNormClipping, MixedPrecision):
+    """``"bf16-mixed"`` with global-norm clipping."""
+
+    __qualname__ = "MixedPrecision"  # as above
 
 
 def global_norm_clipping(plugin: Precision, group: Any = None, device: Optional[torch.device] = None) -> Precision:
-    """Return a shallow copy of ``plugin`` whose norm clipping uses the global gradient norm.
+    """Return a new plugin like ``plugin`` whose norm clipping uses the global gradient norm.
 
-    The copy's class is a subclass of the plugin's class (``isinstance`` checks still hold) with
-    the same ``__qualname__`` (checkpoints store plugin state under it); the user's plugin object
-    is not changed. Its state (e.g. a scaler) is shared with the original.
+    The result is a :class:`GlobalNormPrecision` or :class:`GlobalNormMixedPrecision` (subclasses of Lightning's
+    ``Precision`` and ``MixedPrecision``, so ``isinstance`` checks still hold); the user's plugin object is not
+    changed. A mixed-precision plugin's scaler is shared with the original.
 
     Args:
-        plugin: The strategy's precision plugin.
+        plugin: The strategy's precision plugin (``"32-true"`` or ``"bf16-mixed"``, see :func:`check_precision`).
         group: Process group whose ranks hold disjoint parts of the gradients.
         device: This rank's device (for ranks without gradients).
+
+    Raises:
+        ValueError: Another precision plugin.
     """
-    base = _base_class(plugin)
-    cls = _CLASSES.get(base)
-    if cls is None:
-        cls = _CLASSES[base] = type(base.__name__, (GlobalNormClipping, base),
-                                    {"__qualname__": base.__qualname__, "__module__": base.__module__})
-    wrapped = copy.copy(plugin)
-    wrapped.__class__ = cls
+    check_precision(plugin)
+    if isinstance(plugin, MixedPrecision):
+        wrapped: Precision = GlobalNormMixedPrecision(plugin.precision, plugin.device, plugin.scaler)
+    else:
+        wrapped = GlobalNormPrecision()
     wrapped._clip_group, wrapped._clip_device = group, device  # type: ignore[attr-defined]
     return wrapped
 
 
 def _base_class(plugin: Precision) -> type:
-    """The plugin's own class, under the :class:`GlobalNormClipping` subclass if wrapped."""
-    return type(plugin).__mro__[2] if isinstance(plugin, GlobalNormClipping) else type(plugin)
+    """The Lightning class of the plugin (under :class:`GlobalNormClipping` if wrapped)."""
+    if isinstance(plugin, GlobalNormClipping):
+        return MixedPrecision if isinstance(plugin, MixedPrecision) else Precision
+    return type(plugin)

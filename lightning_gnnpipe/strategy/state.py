@@ -29,19 +29,6 @@ def tensor_owners(blocks: List[nn.Module], layers_per_stage: List[List[int]]) ->
 
 
 @torch.no_grad()
-def broadcast_blocks(blocks: List[nn.Module], src: int, group=None) -> None:
-    """Overwrite every parameter and buffer of ``blocks`` with rank ``src``'s values, as DDP does at construction.
-
-    Args:
-        blocks: Modules whose tensors are overwritten in place (a tensor shared by several is sent once).
-        src: Global rank whose values every rank of ``group`` takes.
-        group: Process group (default: the world).
-    """
-    for t in dict.fromkeys(t for b in blocks for t in list(b.parameters()) + list(b.buffers())):
-        dist.broadcast(t.data, src=src, group=group)
-
-
-@torch.no_grad()
 def sync_stage_tensors(module: nn.Module, owners: Dict[int, int], group=None) -> None:
     """Overwrite, on every rank, each owned parameter and buffer with its owner's values."""
     seen = set()

@@ -6,7 +6,7 @@ A cost model, not a measurement: per-epoch time = compute + communication, where
   (:func:`measure_layer_seconds`), scaled by the rows a rank works on (inner plus halo rows);
 * GNNPipe (``S`` stages, ``K`` chunks) runs its slowest stage ``(K + S - 1) / K`` times (GPipe's
   fill and drain bubble, Huang et al., arXiv 1811.06965);
-* communication is the analytic byte count of :mod:`lightning_gnnpipe.comm.volume` divided by a
+* communication is the analytic byte count of :mod:`lightning_gnnpipe.planner.volume` divided by a
   measured (:func:`measure_bandwidth`) or assumed point-to-point bandwidth (bytes per second), each rank sending its share in
   parallel, with no overlap of communication and compute (a conservative bound);
 * hybrid (``S`` stages x ``G`` partitions, ``S G = P``) runs each pipeline on its partition's
@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from lightning_gnnpipe.comm.volume import graph_parallel_volume, hybrid_volume, pipeline_volume
+from lightning_gnnpipe.planner.volume import graph_parallel_volume, hybrid_volume, pipeline_volume
 from lightning_gnnpipe.data.chunk import ChunkPlan, build_chunk_plan
 from lightning_gnnpipe.data.partition import nested_partition
 from lightning_gnnpipe.pipeline.split import split_layers

@@ -12,7 +12,7 @@ time, so a measured epoch must match them exactly (``tests/test_graph_parallel.p
   backward, i.e. ``~ 2 (L-1) H d`` (layer 0 reads the replicated input features); the parts'
   outputs are all-gathered (``G (G-1) M C``) and the weight gradients (``P`` values plus one
   flag per parameter tensor) ring-all-reduced (``2 (G-1) P`` over all ranks).
-* Hybrid, ``S`` stages x ``G`` partitions (:mod:`lightning_gnnpipe.comm.slot_exchange`): the stage
+* Hybrid, ``S`` stages x ``G`` partitions (:mod:`lightning_gnnpipe.comm.exchange`): the stage
   boundaries carry what GNNPipe's carry for all ``K`` chunks; every layer ``l >= 1`` sends each
   cross-partition halo row once (``H_G d_l``, ``H_G`` = sum of the partitions' halos) and the
   gradients of the rows read in the same slot (``H_live d_l``); each stage all-reduces its weight
@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Dict, List
 
 from lightning_gnnpipe.comm.accounting import KINDS
-from lightning_gnnpipe.comm.slot_exchange import partition_halos
+from lightning_gnnpipe.comm.exchange import partition_halos
 from lightning_gnnpipe.data.chunk import ChunkPlan
 from lightning_gnnpipe.pipeline.split import split_layers
 

@@ -1,32 +1,32 @@
-"""Halo exchange inside one stage of hybrid parallelism (``S`` stages x ``G`` graph partitions).
+"""The one row exchange of graph parallelism and hybrid parallelism: halo rows forward, their gradients back.
 
-Hybrid layout (``GNNPipeStrategy(graph_parallel_size=G)``): the graph is cut into ``G`` partitions and
-each partition into ``K/G`` chunks; chunk ``c = j * G + g`` is the ``j``-th micro-batch of the pipeline of
-partition ``g`` (:func:`~lightning_gnnpipe.data.partition.nested_partition`). The ``G`` ranks that hold
-stage ``s`` form a graph-parallel group and run in lockstep: in slot ``j`` they all process their
-partition's ``j``-th chunk. At every message-passing layer ``l >= 1`` each of them sends the rows of
-its current chunk that any chunk of another partition reads (one ``all_to_all_single``), so the
-receivers' history tables hold them from now on:
+Graph parallelism (e.g. DistGNN, arXiv 2104.06700; the baseline of GNNPipe, arXiv 2308.10087, Sec. 2) and
+hybrid parallelism (``GNNPipeStrategy(graph_parallel_size=G)``: ``S`` stages x ``G`` graph partitions) both cut
+the graph into ``G`` partitions and each partition into ``K/G`` chunks; chunk ``c = j * G + g`` is the ``j``-th
+micro-batch of partition ``g`` (:func:`~lightning_gnnpipe.data.partition.nested_partition`). The ``G`` ranks that
+hold one stage (all layers, under graph parallelism) form a graph-parallel group and run in lockstep: in slot
+``j`` they all process their partition's ``j``-th chunk. At every message-passing layer ``l >= 1`` each of them
+sends the rows of its current chunk that any chunk of another partition reads (one ``all_to_all_single``), so
+the receivers hold them from now on:
 
-* rows of a chunk in the *same slot* are used as they arrive, with autograd: their gradients travel
-  back in the backward pass (exact, as in graph parallelism);
-* rows of earlier slots are read fresh from the table, rows of later slots historical (as in GNNPipe).
+* rows of a chunk in the *same slot* are used as they arrive, with autograd: their gradients travel back in
+  the backward pass (:class:`RowExchange`; exact, as in graph parallelism);
+* rows of earlier slots are read fresh from the history table, rows of later slots historical (as in GNNPipe).
 
-With ``K = G`` (one chunk per partition) and ``S = 1`` this is exact graph parallelism; with ``G = 1`` it
-is GNNPipe. Bytes per epoch and layer: every cross-partition halo row once forward, and the same-slot
-ones once backward.
+Graph parallelism is the case ``K = G``, ``S = 1``: one slot, every halo row live. Bytes per epoch and layer:
+every cross-partition halo row once forward, and the same-slot ones once backward.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
-from lightning_gnnpipe.comm.accounting import CommStats
-from lightning_gnnpipe.comm.halo import RowExchange
+from lightning_gnnpipe.comm.accounting import CommStats, nbytes
 from lightning_gnnpipe.data.chunk import ChunkPlan
 
 
@@ -74,7 +74,7 @@ def partition_halos(plan: ChunkPlan, num_parts: int) -> List[Tensor]:
 
     Returns:
         ``G`` sorted node-id tensors ``(H_g,)``, ``torch.long``; ``sum(H_g)`` is ``H_G`` of
-        :func:`~lightning_gnnpipe.comm.volume.hybrid_volume`.
+        :func:`~lightning_gnnpipe.planner.volume.hybrid_volume`.
     """
     halos = []
     partition = plan.part % num_parts
@@ -145,9 +145,59 @@ class StageExchange:
     def __init__(self, plans: List[Optional[SlotPlan]], group=None, stats: Optional[CommStats] = None) -> None:
         self.plans, self.group, self.stats = plans, group, stats
 
-    def __call__(self, h: Tensor, c: int) -> "tuple[Tensor, SlotPlan]":
+    def __call__(self, h: Tensor, c: int) -> Tuple[Tensor, SlotPlan]:
         """Send chunk ``c``'s rows ``h`` ``(n_c, d)``; return the received rows and the plan."""
         plan = self.plans[c]
         if plan is None:
             raise RuntimeError(f"StageExchange: chunk {c} does not belong to this rank's partition.")
         return RowExchange.apply(h, plan, self.stats, self.group), plan
+
+
+class RowExchange(torch.autograd.Function):
+    """``received = exchange(h)`` over ``all_to_all_single``; backward sends received rows' gradients back.
+
+    ``plan`` provides ``send_index``/``send_counts`` (rows of ``h`` to send, grouped by destination),
+    ``recv_counts``, and for the backward ``back_sel`` (received rows whose gradient goes back, ``None`` for
+    all), ``back_counts`` (per source rank), ``back_index`` and ``back_recv_counts`` (rows of ``h`` that get
+    gradients back, grouped by rank). Driven by a :class:`SlotPlan`.
+
+    Shapes:
+        forward: ``h`` ``(n, d)`` -> ``(sum(recv_counts), d)``.
+    """
+
+    @staticmethod
+    def forward(ctx, h: Tensor, plan, stats: Optional[CommStats], group=None) -> Tensor:  # type: ignore[override]
+        ctx.plan, ctx.stats, ctx.group, ctx.rows = plan, stats, group, h.size(0)
+        send = h.index_select(0, plan.send_index).contiguous()
+        return _exchange(send, plan.recv_counts, plan.send_counts, stats, "halo_embeddings", group)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        plan = ctx.plan
+        back = grad if plan.back_sel is None else grad.index_select(0, plan.back_sel)
+        got = _exchange(back.contiguous(), plan.back_recv_counts, plan.back_counts, ctx.stats, "halo_gradients",
+                        ctx.group)
+        out = grad.new_zeros(ctx.rows, grad.size(1)).index_add_(0, plan.back_index, got)
+        return out, None, None, None
+
+
+def _exchange(send: Tensor, recv_counts: List[int], send_counts: List[int], stats: Optional[CommStats],
+              kind: str, group) -> Tensor:
+    recv = send.new_empty(sum(recv_counts), send.size(1))
+    if stats is None:
+        dist.all_to_all_single(recv, send, recv_counts, send_counts, group=group)
+        return recv
+    with stats.waiting():
+        dist.all_to_all_single(recv, send, recv_counts, send_counts, group=group)
+    stats.record(kind, sent=nbytes(send), recv=nbytes(recv))
+    return recv
+
+
+def halo_rows(received: Tensor, plan: SlotPlan, halo_size: int) -> Tensor:
+    """Place the live received rows at their position in the chunk's halo ``(halo_size, d)``.
+
+    Under graph parallelism every halo row is live, so the result is the whole halo; under hybrid
+    parallelism the other positions are left uninitialised (the caller overwrites them from its table).
+    """
+    return received.new_empty(halo_size, received.size(1)).index_put(
+        (plan.live_pos,), received.index_select(0, plan.back_sel))

@@ -22,6 +22,7 @@ from typing import Any, Callable, List, Tuple
 
 import torch.distributed as dist
 
+from lightning_gnnpipe._compat import pipeline_stages, wrap_schedule_loss
 from lightning_gnnpipe.comm.accounting import CommStats, nbytes
 
 
@@ -29,8 +30,8 @@ class PipelineRecorder:
     """Instrument one rank's ``PipelineStage`` and schedule; fill a :class:`CommStats` per step.
 
     Args:
-        schedule: A single-stage schedule (``ScheduleGPipe``, ``Schedule1F1B``: ``schedule._stage``) or a
-            multi-stage one (interleaved, looped BFS, zero bubble: every stage of ``schedule._stages``).
+        schedule: A single-stage schedule (``ScheduleGPipe``, ``Schedule1F1B``) or a multi-stage one
+            (interleaved, looped BFS, zero bubble: every stage; :func:`~lightning_gnnpipe._compat.pipeline_stages`).
         stats: The object to fill; :meth:`begin` resets it.
     """
 
@@ -38,15 +39,14 @@ class PipelineRecorder:
         self.stats = stats
         self.events: List[Tuple[str, float, float]] = []
         self._t0 = 0.0
-        stages = list(schedule._stages) if hasattr(schedule, "_stages") else [schedule._stage]
-        for stage in stages:
+        for stage in pipeline_stages(schedule):
             for name, kind in (("get_fwd_send_ops", "stage_activations"), ("get_fwd_recv_ops", "stage_activations"),
                                ("get_bwd_send_ops", "stage_gradients"), ("get_bwd_recv_ops", "stage_gradients")):
                 setattr(stage, name, self._counting(getattr(stage, name), kind))
             stage.forward_one_chunk = self._timed(stage.forward_one_chunk, "fwd")
             stage.backward_one_chunk = self._timed(stage.backward_one_chunk, "bwd")
             stage.backward_weight_one_chunk = self._timed(stage.backward_weight_one_chunk, "bwd")
-        schedule._maybe_compute_loss = self._timed(schedule._maybe_compute_loss, "loss")
+        wrap_schedule_loss(schedule, lambda method: self._timed(method, "loss"))
 
     def _counting(self, method: Callable, kind: str) -> Callable:
         def wrapped(*args: Any, **kwargs: Any):

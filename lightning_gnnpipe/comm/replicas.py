@@ -1,8 +1,9 @@
-"""Summing weight gradients over graph-parallel ranks (each rank holds the gradient of its partition).
+"""The ``G`` replicas of a layer under graph and hybrid parallelism: same start weights, summed gradients.
 
-Graph parallelism and each stage of hybrid parallelism train the same weights on ``G`` partitions: the
-full-graph gradient is the sum of the partitions' gradients, one ``all_reduce`` of one flat buffer
-(as ``torch.nn.parallel.DistributedDataParallel`` buckets do).
+Graph parallelism and each stage of hybrid parallelism train the same weights on ``G`` partitions. Every replica
+starts from one rank's weights (:func:`broadcast_blocks`, as DDP does at construction), and the full-graph
+gradient is the sum of the partitions' gradients, one ``all_reduce`` of one flat buffer
+(:func:`all_reduce_grads`, as ``torch.nn.parallel.DistributedDataParallel`` buckets do).
 """
 
 from __future__ import annotations
@@ -14,6 +15,19 @@ import torch.distributed as dist
 from torch import nn
 
 from lightning_gnnpipe.comm.accounting import CommStats
+
+
+@torch.no_grad()
+def broadcast_blocks(blocks: List[nn.Module], src: int, group=None) -> None:
+    """Overwrite every parameter and buffer of ``blocks`` with rank ``src``'s values, as DDP does at construction.
+
+    Args:
+        blocks: Modules whose tensors are overwritten in place (a tensor shared by several is sent once).
+        src: Global rank whose values every rank of ``group`` takes.
+        group: Process group (default: the world).
+    """
+    for t in dict.fromkeys(t for b in blocks for t in list(b.parameters()) + list(b.buffers())):
+        dist.broadcast(t.data, src=src, group=group)
 
 
 def all_reduce_grads(params: List[nn.Parameter], stats: CommStats, world: int, group=None) -> None:

@@ -1,0 +1,104 @@
+"""Per-chunk local graphs a stage needs: raw edges and full-graph-normalised edges.
+
+``GCNConv(normalize=True)`` (and ``GCN2Conv``) computes ``D^-1/2 (A + I) D^-1/2`` from the degrees of the graph it
+is given. On a chunk's local graph a halo node has only its chunk-local edges, so its degree is wrong. GNNPipe
+needs the full-graph coefficients (arXiv 2308.10087, Sec. 4.1), so they are computed once with
+:func:`torch_geometric.nn.conv.gcn_conv.gcn_norm` on the whole graph and sliced per chunk here;
+:func:`~lightning_gnnpipe.nn.normalization.precomputed_norm` feeds them to the convs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+from lightning_gnnpipe.data.adjacency import ChunkAdjacency, build_chunk_adjacency
+from lightning_gnnpipe.data.chunk import ChunkPlan
+
+NormKey = Tuple[bool, bool]
+"""``(improved, add_self_loops)`` of a ``GCNConv``/``GCN2Conv``: which full-graph normalisation it needs."""
+
+
+def full_graph_norm(edge_index: Tensor, num_nodes: int, key: NormKey, dtype) -> Tuple[Tensor, Tensor]:
+    """Return ``(edge_index (2, |E'|), edge_weight (|E'|,))`` normalised on the whole graph."""
+    improved, add_self_loops = key
+    return gcn_norm(edge_index, None, num_nodes, improved, add_self_loops, "source_to_target", dtype)
+
+
+@dataclass
+class ChunkGraph:
+    """Chunk-local graph structure for every chunk, on one device.
+
+    Attributes:
+        nodes: Per chunk, inner node ids ``(n_c,)``.
+        halo: Per chunk, halo node ids ``(h_c,)``.
+        edge_index: Per chunk, local edges ``(2, E_c)`` into inner nodes (ids: inner first,
+            then halo).
+        norm_edges: Per chunk, per ``(improved, add_self_loops)``, the local edges and
+            full-graph ``gcn_norm`` weights ``((2, E'_c), (E'_c,))``.
+        max_chunk_size: ``M``, rows of every padded micro-batch.
+        adjacency: Per chunk, the CSR adjacency of ``edge_index[c]`` ``(n_c, n_c + h_c)``
+            (:mod:`~lightning_gnnpipe.data.adjacency`), when built with ``sparse=True``; else ``None``.
+        norm_adjacency: Per chunk, per key of ``norm_edges``, the adjacency of the normalised edges
+            (values: the full-graph coefficients); ``None`` without ``sparse``.
+    """
+
+    nodes: List[Tensor]
+    halo: List[Tensor]
+    edge_index: List[Tensor]
+    norm_edges: List[Dict[NormKey, Tuple[Tensor, Tensor]]]
+    max_chunk_size: int
+    adjacency: Optional[List[ChunkAdjacency]] = None
+    norm_adjacency: Optional[List[Dict[NormKey, ChunkAdjacency]]] = None
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.nodes)
+
+
+def build_chunk_graph(
+    plan: ChunkPlan, edge_index: Tensor, norm_keys: Iterable[NormKey], device: torch.device, dtype=torch.float32,
+    sparse: bool = False,
+) -> ChunkGraph:
+    """Slice the graph into chunk-local edge lists.
+
+    Args:
+        plan: The chunk plan.
+        edge_index: The whole graph's edges ``(2, |E|)``.
+        norm_keys: The normalisations the blocks' ``GCNConv(normalize=True)`` layers need
+            (:func:`~lightning_gnnpipe.nn.normalization.norm_keys`); ``gcn_norm`` is computed once on the full
+            graph for each.
+        device: Where the chunk graphs live.
+        dtype: Dtype of the normalisation weights (the features' dtype).
+        sparse: Also build every chunk's CSR adjacencies (raw and normalised), for the blocks that aggregate
+            through a sparse-dense matmul (:func:`~lightning_gnnpipe.nn.sparse.sparse_capable`).
+    """
+    edge_index = edge_index.cpu()
+    raw = plan.local_edges(edge_index)
+    keys = sorted(set(norm_keys))
+    norm: List[Dict[NormKey, Tuple[Tensor, Tensor]]] = [{} for _ in range(plan.num_chunks)]
+    for key in keys:
+        ei_n, ew_n = full_graph_norm(edge_index, plan.num_nodes, key, dtype)
+        for c, (local, eid) in enumerate(plan.local_edges(ei_n)):
+            norm[c][key] = (local.to(device), ew_n[eid].to(device))
+    graph = ChunkGraph(
+        nodes=[n.to(device) for n in plan.nodes],
+        halo=[h.to(device) for h in plan.halo],
+        edge_index=[local.to(device) for local, _ in raw],
+        norm_edges=norm,
+        max_chunk_size=plan.max_chunk_size,
+    )
+    if sparse:
+        graph.adjacency, graph.norm_adjacency = [], []
+        for c in range(plan.num_chunks):
+            n_inner = int(plan.nodes[c].numel())
+            adj, norm_adj = build_chunk_adjacency(graph.edge_index[c], n_inner, n_inner + int(plan.halo[c].numel()),
+                                                  graph.norm_edges[c])
+            graph.adjacency.append(adj)
+            graph.norm_adjacency.append(norm_adj)
+    return graph

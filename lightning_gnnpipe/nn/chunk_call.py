@@ -1,0 +1,73 @@
+"""Call one layer block on one chunk: through its CSR adjacency where it can, else on its edge list.
+
+Every place that runs a block on a chunk's local rows ``[inner; halo]`` (a pipeline stage's micro-batch and its
+exact full-graph forward, one partition of graph parallelism, the balance profiler) calls :func:`call_on_chunk`, so
+each block gets the same kernels everywhere:
+
+* a block whose convs all aggregate by a sparse-dense matmul (:func:`~lightning_gnnpipe.nn.sparse.sparse_capable`:
+  ``GCNConv``, ``SAGEConv``, ``GINConv``, ``GraphConv``, ``GCN2Conv``) runs through the chunk's adjacency
+  (:func:`~lightning_gnnpipe.nn.sparse.sparse_aggregation`; a PyG ``BasicGNN`` layer then computes only the inner
+  rows);
+* any other block (GAT, PNA, ...), and every block under autocast (``precision="bf16-mixed"``), passes messages
+  along the chunk's edge list, with the full-graph GCN
+  normalisation fed in (:func:`~lightning_gnnpipe.nn.normalization.precomputed_norm`).
+
+Both declare the global node id of each row (:func:`~lightning_gnnpipe.nn.node_rows`), so that
+:class:`~lightning_gnnpipe.nn.NodeDropout` drops a row as its owner chunk does.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+from torch import Tensor, nn
+
+from lightning_gnnpipe.data.chunk_graph import ChunkGraph
+from lightning_gnnpipe.nn.dropout import node_rows
+from lightning_gnnpipe.nn.normalization import normalized_convs, precomputed_norm
+from lightning_gnnpipe.nn.sparse import sparse_aggregation, sparse_capable
+from lightning_gnnpipe.nn.stack import call_block
+
+
+class ChunkCaller:
+    """What :func:`call_on_chunk` needs to know of a block, computed once: its GCN convs and its kernel.
+
+    Args:
+        block: The layer block.
+        graph: The chunk graphs it runs on (``graph.adjacency`` set: built with ``sparse=True``).
+    """
+
+    def __init__(self, block: nn.Module, graph: ChunkGraph) -> None:
+        self.block, self.graph = block, graph
+        self.norm_convs: List[nn.Module] = normalized_convs(block)
+        self.sparse = graph.adjacency is not None and sparse_capable(block)
+
+    def __call__(self, x_local: Tensor, c: int, rows: Tensor, epoch: int, h0: Optional[Tensor] = None) -> Tensor:
+        """Run the block on chunk ``c``'s local rows.
+
+        Args:
+            x_local: ``(n_c + h_c, d)``: inner rows, then halo rows.
+            c: The chunk.
+            rows: Global node id of each local row ``(n_c + h_c,)``.
+            epoch: Keys NodeDropout's masks.
+            h0: The initial embedding of the local rows, for blocks that take ``x0`` (GCNII).
+
+        Returns:
+            At least ``n_c`` rows, the first ``n_c`` the inner nodes' outputs (the caller keeps those).
+        """
+        g, ei = self.graph, self.graph.edge_index[c]
+        # Under autocast (bf16-mixed) the edge list keeps the single-device rounding exactly: a sparse sum in another
+        # order moves float32 results by ~1e-7, which the next bfloat16 matmul can turn into a different rounding.
+        if self.sparse and not torch.is_autocast_enabled(x_local.device.type):
+            assert g.adjacency is not None and g.norm_adjacency is not None
+            with sparse_aggregation(self.block, ei, g.adjacency[c], g.norm_adjacency[c]) as call, \
+                    node_rows(rows[:call.out_rows], epoch):
+                return call_block(self.block, x_local, ei, h0)
+        with precomputed_norm(self.norm_convs, g.norm_edges[c]), node_rows(rows, epoch):
+            return call_block(self.block, x_local, ei, h0)
+
+
+def uses_sparse(blocks: List[nn.Module]) -> bool:
+    """Whether any of the blocks runs on the sparse path (then build the chunk graphs with ``sparse=True``)."""
+    return any(sparse_capable(b) for b in blocks)

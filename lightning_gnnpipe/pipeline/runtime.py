@@ -1,0 +1,253 @@
+"""This rank's part of the pipeline: its stages, their schedule, the loss, and the exact forward through them.
+
+GNNPipe (arXiv 2308.10087, Sec. 4): the ``L`` layer blocks are cut into ``S * v`` consecutive (virtual) stages;
+this rank builds the :class:`~lightning_gnnpipe.pipeline.stage.GNNStage` of each stage it runs, the
+``torch.distributed.pipelining`` schedule over them (:mod:`~lightning_gnnpipe.pipeline.schedule`) and, on the last
+stage, the loss (:mod:`~lightning_gnnpipe.pipeline.loss`). One training step is one schedule step over this
+pipeline's ``K/G`` chunks; the full-graph output is then broadcast to every rank of the pipeline.
+
+:meth:`PipelineRuntime.full_forward` is the exact full-graph forward of validation, test, predict and the history
+refresh: the stages run in pipeline order, each on the whole graph layer by layer, and their outputs go from rank
+to rank with ``send``/``recv`` (or stay in place when the next stage lives on the same rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from lightning_gnnpipe.comm.accounting import CommStats
+from lightning_gnnpipe.comm.exchange import StageExchange, build_slot_plans
+from lightning_gnnpipe.comm.replicas import all_reduce_grads, broadcast_blocks
+from lightning_gnnpipe.data.chunk import ChunkPlan
+from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
+from lightning_gnnpipe.nn.chunk_call import uses_sparse
+from lightning_gnnpipe.nn.normalization import norm_keys
+from lightning_gnnpipe.nn.stack import takes_x0
+from lightning_gnnpipe.pipeline.boundary import BoundaryCast
+from lightning_gnnpipe.pipeline.loss import PipelineLoss
+from lightning_gnnpipe.pipeline.recorder import PipelineRecorder
+from lightning_gnnpipe.pipeline.schedule import build_schedule
+from lightning_gnnpipe.pipeline.stage import GNNStage
+
+
+def _not_last_stage(*_: Any) -> Tensor:
+    raise RuntimeError("GNNPipeStrategy: the loss ran on a stage that is not the last one.")
+
+
+@dataclass
+class RankLayout:
+    """What this rank runs and where its neighbours are.
+
+    Attributes:
+        stage_ids: This rank's (virtual) stages, in pipeline order.
+        stage_rank: Pipeline position of every (virtual) stage, ``S * v`` ints.
+        position: This rank's position ``s`` in its pipeline.
+        global_rank: Global rank of each pipeline position (this rank's pipeline), ``S`` ints.
+        pipeline_group: The pipeline's process group (``None``: the world).
+        partition_group: This stage's graph-parallel group (hybrid parallelism; ``None`` without).
+        graph_parallel_size: ``G``.
+        partition_index: ``g``.
+    """
+
+    stage_ids: List[int]
+    stage_rank: List[int]
+    position: int
+    global_rank: List[int]
+    pipeline_group: Any = None
+    partition_group: Any = None
+    graph_parallel_size: int = 1
+    partition_index: int = 0
+
+    @property
+    def last_position(self) -> int:
+        return self.stage_rank[-1]
+
+    @property
+    def is_last(self) -> bool:
+        return self.position == self.last_position
+
+
+class PipelineRuntime:
+    """Build and run this rank's stages.
+
+    Args:
+        blocks: The model's ``L`` layer blocks.
+        stage_layers: Layers of every (virtual) stage, ``S * v`` lists of consecutive indices.
+        dims: Width entering each layer and leaving the last, ``L + 1`` ints.
+        plan: The chunk plan; ``edge_index`` ``(2, |E|)`` and ``x`` ``(|V|, F)`` the graph.
+        layout: This rank's place (:class:`RankLayout`).
+        device: Where the stages run.
+        stats: Where traffic is counted.
+        history_momentum, halo_gradients: As :class:`~lightning_gnnpipe.pipeline.stage.GNNStage`.
+        boundary_dtype: Dtype between stages (the autocast dtype under ``bf16-mixed``, else ``x.dtype``).
+    """
+
+    def __init__(self, blocks: List[nn.Module], stage_layers: List[List[int]], dims: List[int], plan: ChunkPlan,
+                 edge_index: Tensor, x: Tensor, layout: RankLayout, device: torch.device, stats: CommStats,
+                 history_momentum: float = 0.0, halo_gradients: str = "detach",
+                 boundary_dtype: Optional[torch.dtype] = None) -> None:
+        self.layout, self.device, self.stats, self.dims = layout, device, stats, dims
+        self.num_nodes, self.num_virtual_stages = plan.num_nodes, len(stage_layers)
+        self.data_dtype = x.dtype
+        self.boundary_dtype = boundary_dtype or x.dtype
+        G, g = layout.graph_parallel_size, layout.partition_index
+        self.chunk_ids = list(range(g, plan.num_chunks, G))  # this pipeline's micro-batches, in order
+        carry_x0 = any(takes_x0(b) for b in blocks)
+        self.stages: List[GNNStage] = []
+        for i in layout.stage_ids:
+            own = [blocks[layer] for layer in stage_layers[i]]
+            graph = build_chunk_graph(plan, edge_index, norm_keys(own), device, dtype=x.dtype, sparse=uses_sparse(own))
+            exchange = None
+            if G > 1:  # one stage per rank (multi-stage schedules are refused with G > 1)
+                slots = [p.to(device) if p is not None else None for p in build_slot_plans(plan, G, g)]
+                exchange = StageExchange(slots, layout.partition_group, stats)
+                # every pipeline takes partition 0's weights (global rank s of stage s)
+                broadcast_blocks(own, src=layout.position, group=layout.partition_group)
+            self.stages.append(GNNStage(own, stage_layers[i], dims, graph, x=x if 0 in stage_layers[i] else None,
+                                        history_momentum=history_momentum, halo_gradients=halo_gradients,
+                                        carry_x0=carry_x0, exchange=exchange, stage_index=i))
+        self.x_pad: Optional[Tensor] = None
+        if 0 in layout.stage_ids:
+            m = plan.max_chunk_size
+            self.x_pad = plan.pad(x).view(plan.num_chunks, m, -1)[self.chunk_ids].reshape(
+                len(self.chunk_ids) * m, -1).to(device)
+        self.schedule: Any = None
+        self.loss: Optional[PipelineLoss] = None
+        self.recorder: Optional[PipelineRecorder] = None
+        self._max_chunk_size = plan.max_chunk_size
+
+    @property
+    def widths(self) -> Dict[int, Tuple[List[int], List[int]]]:
+        """Per local stage: (widths it receives, widths it sends)."""
+        return {i: (st.input_widths, st.output_widths) for i, st in zip(self.layout.stage_ids, self.stages)}
+
+    def build_schedule(self, schedule: str) -> None:
+        """Build the loss (on the last stage) and the schedule; needed by :meth:`step` only (fit)."""
+        lay, last = self.layout, self.num_virtual_stages - 1
+        gather = self._sum_partitions if lay.graph_parallel_size > 1 else None
+        mode = "deferred" if schedule == "gpipe" else "chunk"
+        self.loss = PipelineLoss(self.stages[-1].graph, self.num_nodes, mode, chunks=self.chunk_ids,
+                                 gather=gather) if last in lay.stage_ids else None
+        modules, in_dtypes, out_dtypes = [], [], []
+        for i, stage in zip(lay.stage_ids, self.stages):
+            in_dtypes.append(self.data_dtype if i == 0 else self.boundary_dtype)
+            out_dtypes.append(self.data_dtype if i == last else self.boundary_dtype)
+            modules.append(stage if self.boundary_dtype == self.data_dtype else
+                           BoundaryCast(stage, self.data_dtype, out_dtypes[-1]))
+        self.schedule = build_schedule(
+            modules, lay.stage_ids, self.num_virtual_stages, self.device, self._max_chunk_size,
+            [st.input_widths for st in self.stages], [st.output_widths for st in self.stages],
+            schedule, len(self.chunk_ids),
+            # Every rank must pass a loss_fn: the schedules run backwards only when one is set.
+            self.loss if self.loss is not None else _not_last_stage,
+            group=lay.pipeline_group, in_dtypes=in_dtypes, out_dtypes=out_dtypes,
+        )
+        self.recorder = PipelineRecorder(self.schedule, self.stats)
+
+    def step(self, full_loss: Callable, chunk_loss: Callable) -> Tuple[Tensor, Any]:
+        """Run one training step (every chunk forward and backward); return the logits and the loss output.
+
+        Args:
+            full_loss: ``full_loss(logits (|V|, C)) -> (loss, output)``: the user's ``training_step`` (GPipe).
+            chunk_loss: ``chunk_loss(out (n_c, C), c) -> loss``: the chunk loss (other schedules).
+
+        Returns:
+            The full-graph logits ``(|V|, C)`` on every rank of the pipeline, and the last stage's step output
+            (``None`` elsewhere or when the schedule computed no full loss).
+        """
+        assert self.schedule is not None and self.recorder is not None
+        lay = self.layout
+        ids = torch.tensor(self.chunk_ids, device=self.device)
+        args = (self.x_pad,) if self.x_pad is not None else ()
+        kwargs: Dict[str, Any] = {"chunk_id": ids}
+        if self.loss is not None:
+            self.loss.reset(full_loss=full_loss, chunk_loss=chunk_loss)
+            kwargs.update(target=ids, return_outputs=False)
+        self.recorder.begin()
+        self.schedule.step(*args, **kwargs)
+        if self.loss is not None:
+            logits = self.loss.logits()
+        else:
+            logits = torch.empty(self.num_nodes, self.dims[-1], device=self.device, dtype=self.data_dtype)
+        dist.broadcast(logits, src=lay.global_rank[lay.last_position], group=lay.pipeline_group)
+        if lay.graph_parallel_size > 1:
+            all_reduce_grads([p for st in self.stages for p in st.parameters()], self.stats,
+                             lay.graph_parallel_size, lay.partition_group)
+        self.recorder.end()
+        self.stats.record_broadcast("logits", logits, lay.last_position, lay.position, len(lay.global_rank))
+        return logits, (self.loss.step_output if self.loss is not None else None)
+
+    def _sum_partitions(self, partial: Tensor) -> Tensor:
+        """Hybrid: sum the last stages' logits ``(|V|, C)`` (each nonzero on its partition only)."""
+        with self.stats.waiting():
+            dist.all_reduce(partial, group=self.layout.partition_group)
+        self.stats.record_all_reduce("logits", partial, self.layout.graph_parallel_size)
+        return partial
+
+    def full_forward(self, write_history: bool = False, drift: Optional[Dict[int, float]] = None) -> Tensor:
+        """Exact layer-by-layer forward through all stages; return the logits ``(|V|, C)`` on every rank.
+
+        Args:
+            write_history: Refill the history tables with the exact inputs of every layer (a refresh).
+            drift: Receives each refreshed layer's ``||h_hist - h_exact|| / ||h_exact||`` (this rank's layers).
+        """
+        lay, n, h = self.layout, self.num_nodes, None
+        rank_of = lay.global_rank
+        outputs: tuple = ()
+        for i, stage in zip(lay.stage_ids, self.stages):
+            if i == 0:
+                inputs = [stage.x]
+            elif lay.stage_rank[i - 1] == lay.position:  # the previous stage ran here: its outputs are the inputs
+                inputs = [t.to(self.boundary_dtype).to(self.data_dtype) for t in outputs]
+            else:
+                inputs = [torch.empty(n, d, device=self.device, dtype=self.boundary_dtype) for d in stage.input_widths]
+                for t in inputs:
+                    dist.recv(t, src=rank_of[lay.stage_rank[i - 1]])
+                inputs = [t.to(self.data_dtype) for t in inputs]
+            out = stage.forward_full(*inputs, write_history=write_history, drift=drift)
+            outputs = out if isinstance(out, tuple) else (out,)
+            if i == len(lay.stage_rank) - 1:
+                h = outputs[0].to(self.data_dtype)
+            elif lay.stage_rank[i + 1] != lay.position:
+                for t in outputs:
+                    dist.send(t.to(self.boundary_dtype).contiguous(), dst=rank_of[lay.stage_rank[i + 1]])
+        if not lay.is_last:
+            h = torch.empty(n, self.dims[-1], device=self.device, dtype=self.data_dtype)
+        assert h is not None
+        dist.broadcast(h, src=rank_of[lay.last_position], group=lay.pipeline_group)
+        return h
+
+
+def check_stage_widths(widths: Dict[int, Tuple[List[int], List[int]]], group: Any = None) -> None:
+    """Check that every stage sends what the next stage expects (a collective: call on every rank).
+
+    Stages exchange fixed-shape buffers, so a width mismatch (a model built differently on some
+    rank) would otherwise surface as a failed or hanging transfer.
+
+    Args:
+        widths: For each (virtual) stage on this rank, its index -> (widths of the tensors it receives,
+            widths of the tensors it sends).
+        group: The pipeline's process group (default: world).
+
+    Raises:
+        RuntimeError: On every rank, if stage ``s`` sends other widths than stage ``s + 1`` expects.
+    """
+    gathered: List[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, {k: (list(i), list(o)) for k, (i, o) in widths.items()}, group=group)
+    merged: Dict[int, Any] = {}
+    for part in gathered:
+        merged.update(part)
+    infos = [merged[s] for s in sorted(merged)]
+    for s in range(len(infos) - 1):
+        sent, expected = infos[s][1], infos[s + 1][0]
+        if sent != expected:
+            raise RuntimeError(
+                f"GNNPipeStrategy: stage {s} sends embeddings of widths {sent} but stage {s + 1} expects widths "
+                f"{expected} (got (in, out) widths per stage {infos}). Build the model identically on every "
+                "rank: same hyperparameters, no layers that depend on the rank."
+            )

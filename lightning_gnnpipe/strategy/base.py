@@ -1,0 +1,291 @@
+"""``WholeGraphStrategy``: the Lightning plumbing shared by the pipeline and the graph-parallel strategy.
+
+Both strategies train one full-graph step per epoch with the graph cut across processes and the user's unchanged
+``training_step`` run on the full-graph output. What they share lives here, shaped like Lightning's own
+``ModelParallelStrategy`` (Lightning 2.6): the launcher (spawn or popen; torchrun and SLURM start the processes
+themselves), the process group, ranks, ``barrier``/``broadcast``/``reduce``, moving the model and optimizers, the
+precision plugin, gradients handed from the strategy's own backward to Lightning's ``optimizer.step``, the exact
+evaluation steps, failure notes and the checkpoint glue. A subclass builds its model runtime (:meth:`_build`),
+runs a training step and computes the exact full-graph logits (:meth:`full_logits`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from datetime import timedelta
+from typing import Any, Dict, List, Literal, Optional, Union
+
+import torch
+import torch.distributed as dist
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch import Tensor
+from torch.optim import Optimizer
+
+from lightning_gnnpipe._compat import (SubprocessScriptLauncher, default_process_group_backend, init_dist_connection,
+                                       optimizers_to_device, sync_ddp_if_available)
+from lightning_gnnpipe.comm.accounting import CommStats, log_comm
+from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
+from lightning_gnnpipe.nn.stack import LayerStack, infer_dims
+from lightning_gnnpipe.strategy.failures import handle_rank_failure
+from lightning_gnnpipe.strategy.forward_patch import stack_returns
+from lightning_gnnpipe.strategy.insight import PipelineInsight
+from lightning_gnnpipe.strategy.launcher import CheckedMultiProcessingLauncher
+from lightning_gnnpipe.strategy.precision import autocast_dtype, check_precision
+
+
+def distributed_is_initialized() -> bool:
+    """Whether this process is a rank of an initialised default process group."""
+    return dist.is_available() and dist.is_initialized()
+
+
+class WholeGraphStrategy(ParallelStrategy):
+    """Base of :class:`~lightning_gnnpipe.GNNPipeStrategy` and :class:`~lightning_gnnpipe.GraphParallelStrategy`.
+
+    Args:
+        timeout: Timeout of every collective; a rank that stops answering ends the job after this long.
+        start_method: ``"spawn"`` (default) or ``"popen"``; under torchrun/SLURM the processes already exist.
+        process_group_backend: ``"gloo"`` (CPU default) or ``"nccl"`` (GPU default).
+        profile_epoch: Record this epoch's training step with ``torch.profiler`` (one Chrome trace per rank).
+        trace_dir: Directory of those traces (default: ``traces/`` in the run directory).
+        accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin: Set by the
+            ``Trainer``, as for Lightning's ``DDPStrategy``; leave them out.
+
+    Raises:
+        ValueError: Unknown ``start_method`` or bad ``profile_epoch``.
+    """
+
+    def __init__(
+        self,
+        timeout: timedelta = timedelta(seconds=600),
+        start_method: Literal["spawn", "popen"] = "spawn",
+        process_group_backend: Optional[str] = None,
+        profile_epoch: Optional[int] = None,
+        trace_dir: Optional[str] = None,
+        accelerator=None,
+        parallel_devices: Optional[List[torch.device]] = None,
+        cluster_environment: Optional[ClusterEnvironment] = None,
+        checkpoint_io: Optional[CheckpointIO] = None,
+        precision_plugin: Optional[Precision] = None,
+    ) -> None:
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
+                         precision_plugin=precision_plugin)
+        if start_method not in ("spawn", "popen"):
+            raise ValueError(f"{type(self).__name__}: `start_method` must be 'spawn' or 'popen' (got {start_method!r}).")
+        self._timeout, self._start_method = timeout, start_method
+        self._process_group_backend = process_group_backend
+        self._num_nodes = 1
+        self.insight = PipelineInsight(profile_epoch, trace_dir)  # epoch time, memory, bubble, traces
+        self._stack: Optional[LayerStack] = None
+        self._grads: List[tuple] = []
+        self.comm_stats = CommStats()  # this rank's traffic in the last training step
+        self.comm_metrics: Dict[str, float] = {}  # every rank's, as logged (comm/...)
+
+    # ------------------------------------------------------------------ ranks and devices (as DDP)
+    @property
+    def root_device(self) -> torch.device:
+        assert self.parallel_devices is not None
+        return self.parallel_devices[self.local_rank]
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        self._num_nodes = num_nodes
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.parallel_devices) if self.parallel_devices is not None else 0
+
+    @property
+    def is_distributed(self) -> bool:
+        # Deliberately False: every rank must get the same full-graph batch, so Lightning must
+        # not inject a DistributedSampler.
+        return False
+
+    @property
+    def process_group_backend(self) -> Optional[str]:
+        return self._process_group_backend
+
+    def _configure_launcher(self) -> None:
+        assert self.cluster_environment is not None
+        if self._start_method == "popen" or self.cluster_environment.creates_processes_externally:
+            # popen, or torchrun/SLURM already started the processes (then this launcher is a no-op)
+            self._launcher = SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+        else:
+            self._launcher = CheckedMultiProcessingLauncher(self, start_method=self._start_method)
+
+    def setup_environment(self) -> None:
+        # Validate before the process group exists (also under torchrun, where no launcher runs).
+        self.check(self.lightning_module.trainer)
+        check_precision(self.precision_plugin, type(self).__name__)
+        # Every rank logs identical values (the full-graph output is broadcast), so Lightning's advice
+        # to add `sync_dist=True` to epoch-level logs does not apply here.
+        warnings.filterwarnings("ignore", message=r".*when logging on epoch level in distributed setting.*")
+        super().setup_environment()
+        self.set_world_ranks()
+        self._process_group_backend = self._process_group_backend or default_process_group_backend(self.root_device)
+        assert self.cluster_environment is not None
+        init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout)
+        self._setup_groups()
+
+    def _setup_groups(self) -> None:
+        """Create the strategy's sub-groups (a collective, right after the default group exists)."""
+
+    def set_world_ranks(self) -> None:
+        if self.cluster_environment is not None:
+            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
+        rank_zero_only.rank = self.global_rank
+
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        if distributed_is_initialized():
+            dist.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not distributed_is_initialized():
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src)
+        return box[0]
+
+    def reduce(self, tensor: Any, group: Optional[Any] = None, reduce_op: Optional[Union[str, Any]] = "mean") -> Any:
+        if isinstance(tensor, Tensor):
+            return sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
+        return tensor
+
+    def model_to_device(self) -> None:
+        assert self.model is not None
+        self.model.to(self.root_device)
+
+    # ------------------------------------------------------------------ setup
+    def check(self, trainer: Trainer, module: Optional[LightningModule] = None, datamodule: Any = None) -> LayerStack:
+        """Validate model, DataModule and layout before any process group starts; return the layer stack."""
+        raise NotImplementedError
+
+    def setup(self, trainer: Trainer) -> None:
+        assert self.accelerator is not None
+        self.accelerator.setup(trainer)
+        assert self.model is not None
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        self._build(trainer)
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.setup_optimizers(trainer)
+            if self.insight not in trainer.callbacks:
+                trainer.callbacks.append(self.insight)
+        self.precision_plugin = self._training_precision(self.precision_plugin)
+        self.setup_precision_plugin()
+        if trainer.state.fn == TrainerFn.FITTING:
+            optimizers_to_device(self.optimizers, self.root_device)
+
+    def _training_precision(self, plugin: Precision) -> Precision:
+        """The precision plugin to train with (a subclass may swap in global-norm clipping)."""
+        return plugin
+
+    def _build(self, trainer: Trainer) -> None:
+        raise NotImplementedError
+
+    def _prepare(self, trainer: Trainer) -> tuple:
+        """Check the layout and that all ranks hold one plan; return ``(stack, plan, data, x)``."""
+        dm: GraphChunkDataModule = trainer.datamodule
+        stack = self._stack = self.check(trainer)
+        prints: List[Any] = [None] * self.world_size
+        dist.all_gather_object(prints, dm.plan.fingerprint())
+        if len(set(prints)) != 1:
+            raise RuntimeError(
+                f"{type(self).__name__}: ranks built different chunk plans (got fingerprints {prints}). "
+                "Build the GraphChunkDataModule from the same graph on every rank, or pass `part=`."
+            )
+        x = dm.data.x.to(self.root_device)
+        self._dims = infer_dims(stack.blocks, x[:2])
+        # Stage activations travel in the autocast dtype, if any (strategy/precision.py).
+        self._data_dtype, self._boundary_dtype = x.dtype, autocast_dtype(self.precision_plugin) or x.dtype
+        self._num_nodes_graph = dm.plan.num_nodes
+        return stack, dm.plan, dm.data, x
+
+    # ------------------------------------------------------------------ steps
+    def _begin_step(self) -> None:
+        for p in self.lightning_module.parameters():
+            p.grad = None
+
+    def _user_loss(self, full: Tensor, batch: Any, args: tuple, kwargs: dict):
+        """Run the user's ``training_step`` on the full-graph output ``full`` ``(|V|, C)``; return ``(loss, output)``."""
+        assert self._stack is not None
+        with stack_returns(self._stack.module, full, batch):
+            output = self.lightning_module.training_step(*args, **kwargs)
+        loss = output["loss"] if isinstance(output, dict) else output
+        return loss, output
+
+    def _log_comm(self) -> Dict[str, float]:
+        """Log this step's traffic of every rank as ``comm/...`` and return it (a collective)."""
+        return log_comm(self.lightning_module, self.comm_stats)
+
+    def _end_step(self, output: Any) -> Any:
+        """Stash the step's gradients for :meth:`backward`; return the output detached."""
+        self._grads = [(p, p.grad) for p in self.lightning_module.parameters() if p.grad is not None]
+        return apply_to_collection(output, Tensor, lambda t: t.detach())
+
+    def backward(self, closure_loss: Tensor, optimizer: Optional[Optimizer], *args: Any, **kwargs: Any) -> Tensor:
+        """Do not backpropagate again: restore the gradients the training step computed.
+
+        Lightning zeroes gradients between ``training_step`` and ``backward``; the strategy's
+        gradients were stashed after the step ran and come back here, so they reach
+        ``optimizer.step`` and never leak into the next epoch. The ``on_before_backward`` and
+        ``on_after_backward`` hooks still run.
+        """
+        lm = self.lightning_module
+        closure_loss = self.precision_plugin.pre_backward(closure_loss, lm)
+        for p, g in self._grads:
+            p.grad = g
+        self._grads = []
+        return self.precision_plugin.post_backward(closure_loss, lm)
+
+    def full_logits(self) -> Tensor:
+        """The exact full-graph output ``(|V|, C)`` of the current weights, on every rank (a collective)."""
+        raise NotImplementedError
+
+    def _eval_step(self, hook: str, *args: Any, **kwargs: Any) -> Any:
+        assert self._stack is not None
+        logits = self.full_logits()
+        with torch.no_grad(), stack_returns(self._stack.module, logits, args[0]):
+            return getattr(self.lightning_module, hook)(*args, **kwargs)
+
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.val_step_context():
+            return self._eval_step("validation_step", *args, **kwargs)
+
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.test_step_context():
+            return self._eval_step("test_step", *args, **kwargs)
+
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.predict_step_context():
+            return self._eval_step("predict_step", *args, **kwargs)
+
+    # ------------------------------------------------------------------ checkpoints and failures
+    def optimizer_state(self, optimizer: Optimizer) -> Dict[str, Any]:
+        """Return the optimizer's ``state_dict`` (every rank holds the same one here)."""
+        opt = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer  # a LightningOptimizer
+        return opt.state_dict()
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Name the rank in the error; see :mod:`~lightning_gnnpipe.strategy.failures`."""
+        if distributed_is_initialized():  # in a rank, not in the main process of a spawn launch
+            handle_rank_failure(exception, self.rank_location())
+
+    def rank_location(self) -> str:
+        """This rank's place, named in error notes."""
+        return f"rank {self.global_rank}"
+
+    def teardown(self) -> None:
+        self._grads = []
+        super().teardown()
