@@ -167,3 +167,37 @@ def test_bad_part(graph, make, error, match):
 def test_bad_start_method():
     with pytest.raises(ValueError, match="`start_method` must be 'spawn' or 'popen'"):
         GNNPipeStrategy(start_method="fork")
+
+
+class HeadModule(GCNModule):
+    """The issue's module: a trainable ``Linear`` head outside the GNN (the layer stack)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.head = torch.nn.Linear(4, 4)
+
+    def forward(self, x, edge_index):
+        return self.head(self.gnn(x, edge_index).relu())
+
+
+class ManualModule(GCNModule):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.automatic_optimization = False
+
+
+@pytest.mark.parametrize("strategy", ["gnnpipe", "graph_parallel"])
+@pytest.mark.parametrize("make,trainer_kwargs,match", [
+    (lambda: HeadModule(16, 8, 2, 4), {}, r"trainable parameters outside the layer stack \(got head.weight, head.bias\)"),
+    (lambda: ManualModule(16, 8, 2, 4), {}, r"manual optimization is not supported"),
+    (lambda: GCNModule(16, 8, 2, 4), {"accumulate_grad_batches": 2}, r"`accumulate_grad_batches` must be 1 \(got 2\)"),
+])
+def test_modules_that_would_train_differently_are_refused_before_spawn(graph, strategy, make, trainer_kwargs,
+                                                                         match):
+    from lightning_gnnpipe import GraphParallelStrategy
+
+    chosen = GNNPipeStrategy() if strategy == "gnnpipe" else GraphParallelStrategy()
+    trainer = Trainer(accelerator="cpu", devices=2, strategy=chosen, max_epochs=1, logger=False,
+                      enable_progress_bar=False, enable_checkpointing=False, **trainer_kwargs)
+    with pytest.raises(ValueError, match=match):
+        trainer.fit(make(), datamodule=GraphChunkDataModule(graph, num_chunks=2))

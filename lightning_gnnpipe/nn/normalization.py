@@ -67,7 +67,13 @@ def _gcn_forward(conv: GCNConv, edge_index: Tensor, edge_weight: Tensor, x: Tens
 def _gcn2_forward(conv: GCN2Conv, edge_index: Tensor, edge_weight: Tensor, x: Tensor, x_0: Tensor,
                   *_, **__) -> Tensor:
     # GCN2Conv.forward (torch_geometric 2.8) with normalize=False on precomputed coefficients.
-    x = conv.propagate(edge_index, x=x, edge_weight=edge_weight) * (1 - conv.alpha)
+    return gcn2_mix(conv, conv.propagate(edge_index, x=x, edge_weight=edge_weight), x_0)
+
+
+def gcn2_mix(conv: GCN2Conv, aggregated: Tensor, x_0: Tensor) -> Tensor:
+    """The rest of ``GCN2Conv.forward`` (torch_geometric 2.8) after the aggregation ``(n, d)``: initial residual
+    and identity mapping (``x_0`` is cut to the aggregated rows)."""
+    x = aggregated * (1 - conv.alpha)
     x_0 = conv.alpha * x_0[: x.size(0)]
     if conv.weight2 is None:
         out = x + x_0

@@ -88,7 +88,7 @@ from torch_geometric.nn import Linear as PygLinear
 
 from lightning_gnnpipe.data.adjacency import ChunkAdjacency, SparseAdjacency
 from lightning_gnnpipe.nn.dropout import NodeDropout
-from lightning_gnnpipe.nn.normalization import norm_key
+from lightning_gnnpipe.nn.normalization import gcn2_mix, norm_key
 from lightning_gnnpipe.nn.stack import BasicGNNLayer
 
 __all__ = ["SPARSE_CONVS", "SparseCall", "conv_sparse_capable", "rectangular_output", "sparse_aggregation",
@@ -252,13 +252,7 @@ def _gcn2_forward(conv: GCN2Conv, c: _Chunk, orig: Callable) -> Callable:
             op = c.raw(conv, x, edge_weight)
         else:
             return c.fallback(orig, x, x_0, edge_index, edge_weight)
-        h = c.aggregate(op, x) * (1 - conv.alpha)  # GCN2Conv.forward (torch_geometric 2.8), out of place
-        x_0 = conv.alpha * x_0[: h.size(0)]
-        if conv.weight2 is None:
-            out = h + x_0
-            return torch.addmm(out, out, conv.weight1, beta=1.0 - conv.beta, alpha=conv.beta)
-        out = torch.addmm(h, h, conv.weight1, beta=1.0 - conv.beta, alpha=conv.beta)
-        return out + torch.addmm(x_0, x_0, conv.weight2, beta=1.0 - conv.beta, alpha=conv.beta)
+        return gcn2_mix(conv, c.aggregate(op, x), x_0)
     return forward
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from torch import nn
 
@@ -133,3 +133,43 @@ def check_layout(
                 "(see docs/quickstart.md) or use schedule='gpipe'."
             )
     return stack
+
+
+def check_lightning_usage(trainer: Any, module: nn.Module, stack: LayerStack, where: str) -> None:
+    """Refuse, before any process starts, what would train differently from one device.
+
+    Args:
+        trainer: The ``Trainer`` (``accumulate_grad_batches``).
+        module: The LightningModule.
+        stack: Its layer stack.
+        where: The strategy's name, for the message.
+
+    Raises:
+        ValueError: Trainable parameters outside the layer stack (a head, an encoder, a temperature): the
+            strategies backpropagate into the stack's blocks only, so those would get no gradient; manual
+            optimization (``automatic_optimization = False``): the step's backward runs inside the strategy, not in
+            ``manual_backward``; ``accumulate_grad_batches > 1``: one step already holds the whole graph, and
+            Lightning would scale a loss that the strategy does not backpropagate.
+    """
+    inside = {id(p) for b in stack.blocks for p in b.parameters()}
+    outside = [name for name, p in module.named_parameters() if p.requires_grad and id(p) not in inside]
+    if outside:
+        shown = ", ".join(outside[:5]) + (f", ... ({len(outside)} in all)" if len(outside) > 5 else "")
+        raise ValueError(
+            f"{where}: the module has trainable parameters outside the layer stack (got {shown}). The strategy "
+            "backpropagates through the stack's blocks only, so they would not train as on one device. Make them part "
+            "of a block: declare `pipeline_blocks()` with the head or encoder as a node-wise block (see "
+            "docs/custom_models.md), or freeze them (`requires_grad_(False)`)."
+        )
+    if not getattr(module, "automatic_optimization", True):
+        raise ValueError(
+            f"{where}: manual optimization is not supported (got automatic_optimization=False on "
+            f"{type(module).__name__}). The strategy runs the backward pass itself; return the loss from "
+            "`training_step` and let Lightning step the optimizer."
+        )
+    accumulate = getattr(trainer, "accumulate_grad_batches", 1)
+    if accumulate != 1:
+        raise ValueError(
+            f"{where}: `accumulate_grad_batches` must be 1 (got {accumulate}). One training step is the whole "
+            "graph (gradients are already accumulated over all chunks); use Trainer(accumulate_grad_batches=1)."
+        )

@@ -25,7 +25,8 @@ from lightning_gnnpipe.pipeline.loss import chunk_has_labels
 from lightning_gnnpipe.pipeline.runtime import PipelineRuntime, RankLayout, check_stage_widths
 from lightning_gnnpipe.strategy.base import WholeGraphStrategy
 from lightning_gnnpipe.strategy.checkpoint import PipelineCheckpointHooks, restore_history
-from lightning_gnnpipe.strategy.checks import CHUNK_LOSS_HOOK, check_layout, check_pipeline_options
+from lightning_gnnpipe.strategy.checks import (CHUNK_LOSS_HOOK, check_layout, check_lightning_usage,
+                                              check_pipeline_options)
 from lightning_gnnpipe.strategy.failures import unwrap_stage_error
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.precision import global_norm_clipping
@@ -173,11 +174,13 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             TypeError, ValueError: As :func:`~lightning_gnnpipe.strategy.checks.check_layout`, and a process count
                 that is not a multiple of ``graph_parallel_size`` or a DataModule with another ``num_parts``.
         """
-        return check_layout(module if module is not None else trainer.lightning_module,
-                            datamodule if datamodule is not None else trainer.datamodule, self.num_stages,
-                            self.schedule_name, fitting=trainer.state.fn in (None, TrainerFn.FITTING),
-                            graph_parallel_size=self.graph_parallel_size, stages_per_rank=self.stages_per_rank,
-                            world_size=self.num_nodes * self.num_processes)
+        module = module if module is not None else trainer.lightning_module
+        stack = check_layout(module, datamodule if datamodule is not None else trainer.datamodule, self.num_stages,
+                             self.schedule_name, fitting=trainer.state.fn in (None, TrainerFn.FITTING),
+                             graph_parallel_size=self.graph_parallel_size, stages_per_rank=self.stages_per_rank,
+                             world_size=self.num_nodes * self.num_processes)
+        check_lightning_usage(trainer, module, stack, "GNNPipeStrategy")
+        return stack
 
     # ------------------------------------------------------------------ building the pipeline
     def _build(self, trainer: Trainer) -> None:

@@ -34,6 +34,7 @@ from lightning_gnnpipe.nn.normalization import check_supported, norm_keys
 from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack
 from lightning_gnnpipe.pipeline.loss import output_grad
 from lightning_gnnpipe.strategy.base import WholeGraphStrategy
+from lightning_gnnpipe.strategy.checks import check_lightning_usage
 from lightning_gnnpipe.strategy.gnnpipe import GNNPipeStrategy
 from lightning_gnnpipe.strategy.partition_forward import PartitionForward
 
@@ -120,6 +121,7 @@ class GraphParallelStrategy(WholeGraphStrategy):
         stack = find_layer_stack(module)
         check_supported(stack.blocks)
         check_feature_norms(stack.blocks, unit="partition")
+        check_lightning_usage(trainer, module, stack, "GraphParallelStrategy")
         return stack
 
     def _build(self, trainer: Trainer) -> None:
