@@ -266,8 +266,8 @@ def build_adjacency(edge_index: Tensor, n_inner: int, n_local: int, edge_weight:
 def build_chunk_adjacency(
     edge_index: Tensor, n_inner: int, n_local: int,
     norm_edges: Optional[Mapping[Tuple[bool, bool], Tuple[Tensor, Tensor]]] = None,
-    index_dtype: torch.dtype = torch.int64,
-) -> Tuple[ChunkAdjacency, Dict[Tuple[bool, bool], ChunkAdjacency]]:
+    index_dtype: torch.dtype = torch.int64, raw: bool = True,
+) -> Tuple[Optional[ChunkAdjacency], Dict[Tuple[bool, bool], ChunkAdjacency]]:
     """Build one chunk's raw adjacency and its full-graph-normalised ones, the arguments of
     :func:`~lightning_gnnpipe.nn.sparse.sparse_aggregation`.
 
@@ -278,6 +278,7 @@ def build_chunk_adjacency(
         norm_edges: Per ``(improved, add_self_loops)``, the chunk's local full-graph ``gcn_norm`` edges and
             coefficients ``((2, E'_c), (E'_c,))`` (``ChunkGraph.norm_edges[c]``).
         index_dtype: ``torch.int64`` or ``torch.int32``.
+        raw: Build the raw adjacency (else ``None``: every conv reads a normalised one).
 
     Returns:
         ``(adjacency, norm_adjacency)``.
@@ -285,7 +286,7 @@ def build_chunk_adjacency(
     Raises:
         ValueError: As :func:`build_adjacency`.
     """
-    adjacency = build_adjacency(edge_index, n_inner, n_local, index_dtype=index_dtype)
+    adjacency = build_adjacency(edge_index, n_inner, n_local, index_dtype=index_dtype) if raw else None
     norm = {key: build_adjacency(ei, n_inner, n_local, ew, index_dtype=index_dtype)
             for key, (ei, ew) in (norm_edges or {}).items()}
     return adjacency, norm

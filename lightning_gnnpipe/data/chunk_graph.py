@@ -63,7 +63,7 @@ class ChunkGraph:
 
 def build_chunk_graph(
     plan: ChunkPlan, edge_index: Tensor, norm_keys: Iterable[NormKey], device: torch.device, dtype=torch.float32,
-    sparse: bool = False,
+    sparse: bool = False, raw_adjacency: bool = True, norm_edge_lists: bool = True,
 ) -> ChunkGraph:
     """Slice the graph into chunk-local edge lists.
 
@@ -76,7 +76,16 @@ def build_chunk_graph(
         device: Where the chunk graphs live.
         dtype: Dtype of the normalisation weights (the features' dtype).
         sparse: Also build every chunk's CSR adjacencies (raw and normalised), for the blocks that aggregate
-            through a sparse-dense matmul (:func:`~lightning_gnnpipe.nn.sparse.sparse_capable`).
+            through a sparse-dense matmul (:func:`~lightning_gnnpipe.nn.sparse.sparse_capable`). Their indices are
+            ``int32`` when the chunk fits (half the index memory; as fast on CPU).
+        raw_adjacency: With ``sparse``, build the raw adjacencies too (``False``: every sparse conv normalises,
+            :func:`~lightning_gnnpipe.nn.chunk_call.chunk_graph_options`); :attr:`ChunkGraph.adjacency` then holds
+            ``None`` per chunk.
+        norm_edge_lists: Keep the normalised edge lists (``False`` when only sparse blocks read the normalisation:
+            :attr:`ChunkGraph.norm_edges` then holds empty dicts).
+
+    Memory (bytes per local edge, kept): raw edge list 16; normalised edge list 20 per key; each CSR adjacency
+    4 index arrays of 4 (``int32``) or 8 bytes, plus 8 for an operator's values.
     """
     edge_index = edge_index.cpu()
     raw = plan.local_edges(edge_index)
@@ -97,8 +106,12 @@ def build_chunk_graph(
         graph.adjacency, graph.norm_adjacency = [], []
         for c in range(plan.num_chunks):
             n_inner = int(plan.nodes[c].numel())
-            adj, norm_adj = build_chunk_adjacency(graph.edge_index[c], n_inner, n_inner + int(plan.halo[c].numel()),
-                                                  graph.norm_edges[c])
+            n_local = n_inner + int(plan.halo[c].numel())
+            small = max(n_local, graph.edge_index[c].size(1) + n_local) < 2**31
+            adj, norm_adj = build_chunk_adjacency(graph.edge_index[c], n_inner, n_local, graph.norm_edges[c],
+                                                  index_dtype=torch.int32 if small else torch.int64, raw=raw_adjacency)
             graph.adjacency.append(adj)
             graph.norm_adjacency.append(norm_adj)
+            if not norm_edge_lists:
+                graph.norm_edges[c] = {}
     return graph

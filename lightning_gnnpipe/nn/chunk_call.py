@@ -18,7 +18,7 @@ Both declare the global node id of each row (:func:`~lightning_gnnpipe.nn.node_r
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor, nn
@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph
 from lightning_gnnpipe.nn.dropout import node_rows
 from lightning_gnnpipe.nn.normalization import normalized_convs, precomputed_norm
-from lightning_gnnpipe.nn.sparse import sparse_aggregation, sparse_capable
+from lightning_gnnpipe.nn.sparse import needs_raw_adjacency, sparse_aggregation, sparse_capable
 from lightning_gnnpipe.nn.stack import call_block
 
 
@@ -68,6 +68,20 @@ class ChunkCaller:
             return call_block(self.block, x_local, ei, h0)
 
 
-def uses_sparse(blocks: List[nn.Module]) -> bool:
-    """Whether any of the blocks runs on the sparse path (then build the chunk graphs with ``sparse=True``)."""
-    return any(sparse_capable(b) for b in blocks)
+def chunk_graph_options(blocks: List[nn.Module], autocast: bool = False) -> Dict[str, bool]:
+    """What :func:`~lightning_gnnpipe.data.chunk_graph.build_chunk_graph` must build for these blocks.
+
+    Args:
+        blocks: The blocks that will run on the chunk graphs.
+        autocast: Whether they run under autocast (``bf16-mixed``): then every block uses its edge list.
+
+    Returns:
+        ``sparse`` (some block runs on the sparse path), ``raw_adjacency`` (some sparse block aggregates over the
+        raw edges) and ``norm_edge_lists`` (some block on the edge-list path may normalise).
+    """
+    sparse = [] if autocast else [b for b in blocks if sparse_capable(b)]
+    return {
+        "sparse": bool(sparse),
+        "raw_adjacency": any(needs_raw_adjacency(b) for b in sparse),
+        "norm_edge_lists": len(sparse) < len(blocks),
+    }

@@ -143,6 +143,13 @@ def _row_wise(m: nn.Module) -> bool:
     return isinstance(m, _ROW_WISE)
 
 
+def needs_raw_adjacency(block: nn.Module) -> bool:
+    """Whether some conv of the block aggregates over the raw edges (all but ``GCNConv``/``GCN2Conv(normalize=True)``,
+    which read the full-graph normalised adjacency)."""
+    return any(isinstance(m, MessagePassing) and not (isinstance(m, (GCNConv, GCN2Conv)) and m.normalize)
+               for m in block.modules())
+
+
 def rectangular_output(block: nn.Module) -> bool:
     """Return whether :func:`sparse_aggregation` computes only the inner rows of ``block`` (``n_inner`` rows out).
 
@@ -179,10 +186,11 @@ def _aggregation_dtype(x: Tensor) -> torch.dtype:
 class _Chunk:
     """The chunk a block call runs on, and the sparse pieces of each conv forward."""
 
-    def __init__(self, edge_index: Tensor, adjacency: ChunkAdjacency,
+    def __init__(self, edge_index: Tensor, adjacency: Optional[ChunkAdjacency],
                  norm_adjacency: Mapping[Tuple[bool, bool], ChunkAdjacency], out_rows: int) -> None:
         self.edge_index, self.adjacency, self.norm_adjacency = edge_index, adjacency, norm_adjacency
-        self.n_inner, self.n_local, self.out_rows = adjacency.n_inner, adjacency.n_local, out_rows
+        shape = adjacency if adjacency is not None else next(iter(norm_adjacency.values()))
+        self.n_inner, self.n_local, self.out_rows = shape.n_inner, shape.n_local, out_rows
 
     def own_edges(self, edge_index) -> bool:
         ei = self.edge_index
@@ -195,6 +203,9 @@ class _Chunk:
         return isinstance(x, Tensor) and x.dim() == 2 and x.size(0) == self.n_local
 
     def raw(self, conv: MessagePassing, x: Tensor, edge_weight: Optional[Tensor] = None) -> SparseAdjacency:
+        if self.adjacency is None:
+            raise RuntimeError(f"sparse_aggregation: {type(conv).__name__} needs the chunk's raw adjacency, which was "
+                               "not built (only normalised ones). Build the chunk graph with raw_adjacency=True.")
         return self.adjacency.operator(_aggregation_dtype(x), conv.aggr == "mean", edge_weight)
 
     def norm(self, conv: MessagePassing, x: Tensor) -> SparseAdjacency:
@@ -294,7 +305,7 @@ _FORWARDS = {GCNConv: _gcn_forward, GCN2Conv: _gcn2_forward, SAGEConv: _sage_for
 def sparse_aggregation(
     block: nn.Module,
     edge_index: Tensor,
-    adjacency: ChunkAdjacency,
+    adjacency: Optional[ChunkAdjacency],
     norm_adjacency: Optional[Mapping[Tuple[bool, bool], ChunkAdjacency]] = None,
     allow_rectangular: bool = True,
 ) -> Iterator[SparseCall]:
@@ -310,7 +321,8 @@ def sparse_aggregation(
         edge_index: The chunk's local edges ``(2, E_c)`` that the block is called with (targets ``< n_inner``);
             a conv called with another tensor falls back to its edge-list forward.
         adjacency: :func:`~lightning_gnnpipe.data.adjacency.build_adjacency` of ``edge_index``, with
-            ``n_inner``/``n_local`` of the chunk, on the features' device.
+            ``n_inner``/``n_local`` of the chunk, on the features' device; ``None`` when every conv of the block is a
+            normalising GCN conv (:func:`needs_raw_adjacency` is ``False``), which reads ``norm_adjacency`` only.
         norm_adjacency: Per ``(improved, add_self_loops)`` of the block's normalising GCN convs, the adjacency of
             the chunk's full-graph ``gcn_norm`` edges, weights = coefficients
             (``build_adjacency(norm_ei, n_inner, n_local, norm_ew)``).
@@ -336,7 +348,15 @@ def sparse_aggregation(
         raise ValueError(f"sparse_aggregation: {type(block).__name__} is not sparse-capable (convs without a "
                          f"sparse forward or configured off it: {names or 'no MessagePassing module'}). "
                          "Check sparse_capable(block) and use the edge-list path.")
-    if edge_index.dim() != 2 or edge_index.size(1) != adjacency.num_edges:
+    if adjacency is None and needs_raw_adjacency(block):
+        raise ValueError(f"sparse_aggregation: {type(block).__name__} has convs that aggregate over the raw edges "
+                         "(got adjacency=None). Pass the chunk's raw adjacency.")
+    raw = adjacency
+    if adjacency is None:
+        if not norm_adjacency:
+            raise ValueError("sparse_aggregation: neither a raw nor a normalised adjacency was given.")
+        adjacency = next(iter(norm_adjacency.values()))  # only its shape is read below
+    elif edge_index.dim() != 2 or edge_index.size(1) != adjacency.num_edges:
         raise ValueError(f"sparse_aggregation: `adjacency` holds {adjacency.num_edges} edges, `edge_index` has "
                          f"shape {tuple(edge_index.shape)}. Build the adjacency from this edge_index.")
     norm_adjacency = dict(norm_adjacency or {})
@@ -354,7 +374,7 @@ def sparse_aggregation(
                                  f"the chunk's ({adjacency.n_inner}, {adjacency.n_local}).")
     rect = allow_rectangular and rectangular_output(block)
     out_rows = adjacency.n_inner if rect else adjacency.n_local
-    chunk = _Chunk(edge_index, adjacency, norm_adjacency, out_rows)
+    chunk = _Chunk(edge_index, raw, norm_adjacency, out_rows)
     saved = []
     try:
         for conv in convs:

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from lightning_gnnpipe.data.chunk import ChunkPlan
 from lightning_gnnpipe.nn.normalization import norm_keys, normalized_convs, precomputed_norm
-from lightning_gnnpipe.nn.chunk_call import ChunkCaller, uses_sparse
+from lightning_gnnpipe.nn.chunk_call import ChunkCaller, chunk_graph_options
 from lightning_gnnpipe.nn.stack import infer_dims, takes_x0, uses_graph
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph, build_chunk_graph
 from lightning_gnnpipe.pipeline.split import split_layers
@@ -113,7 +113,7 @@ def profile_layer_costs(
         ``L`` times in seconds.
     """
     device = x.device
-    graph = build_chunk_graph(plan, edge_index, norm_keys(blocks), device, dtype=x.dtype, sparse=uses_sparse(blocks))
+    graph = build_chunk_graph(plan, edge_index, norm_keys(blocks), device, dtype=x.dtype, **chunk_graph_options(blocks))
     dims = infer_dims(blocks, x[:2])
     saved = [(t, t.detach().clone()) for b in blocks for t in b.buffers()]
     times: List[List[float]] = [[] for _ in blocks]

@@ -25,7 +25,7 @@ from lightning_gnnpipe.comm.exchange import StageExchange, build_slot_plans
 from lightning_gnnpipe.comm.replicas import all_reduce_grads, broadcast_blocks
 from lightning_gnnpipe.data.chunk import ChunkPlan
 from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
-from lightning_gnnpipe.nn.chunk_call import uses_sparse
+from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
 from lightning_gnnpipe.nn.normalization import norm_keys
 from lightning_gnnpipe.nn.stack import takes_x0
 from lightning_gnnpipe.pipeline.boundary import BoundaryCast
@@ -85,12 +85,13 @@ class PipelineRuntime:
         stats: Where traffic is counted.
         history_momentum, halo_gradients: As :class:`~lightning_gnnpipe.pipeline.stage.GNNStage`.
         boundary_dtype: Dtype between stages (the autocast dtype under ``bf16-mixed``, else ``x.dtype``).
+        activation_checkpointing: Recompute each block in the backward pass (:class:`GNNStage`).
     """
 
     def __init__(self, blocks: List[nn.Module], stage_layers: List[List[int]], dims: List[int], plan: ChunkPlan,
                  edge_index: Tensor, x: Tensor, layout: RankLayout, device: torch.device, stats: CommStats,
                  history_momentum: float = 0.0, halo_gradients: str = "detach",
-                 boundary_dtype: Optional[torch.dtype] = None) -> None:
+                 boundary_dtype: Optional[torch.dtype] = None, activation_checkpointing: bool = False) -> None:
         self.layout, self.device, self.stats, self.dims = layout, device, stats, dims
         self.num_nodes, self.num_virtual_stages = plan.num_nodes, len(stage_layers)
         self.data_dtype = x.dtype
@@ -101,7 +102,8 @@ class PipelineRuntime:
         self.stages: List[GNNStage] = []
         for i in layout.stage_ids:
             own = [blocks[layer] for layer in stage_layers[i]]
-            graph = build_chunk_graph(plan, edge_index, norm_keys(own), device, dtype=x.dtype, sparse=uses_sparse(own))
+            graph = build_chunk_graph(plan, edge_index, norm_keys(own), device, dtype=x.dtype,
+                                      **chunk_graph_options(own, autocast=self.boundary_dtype != x.dtype))
             exchange = None
             if G > 1:  # one stage per rank (multi-stage schedules are refused with G > 1)
                 slots = [p.to(device) if p is not None else None for p in build_slot_plans(plan, G, g)]
@@ -110,7 +112,8 @@ class PipelineRuntime:
                 broadcast_blocks(own, src=layout.position, group=layout.partition_group)
             self.stages.append(GNNStage(own, stage_layers[i], dims, graph, x=x if 0 in stage_layers[i] else None,
                                         history_momentum=history_momentum, halo_gradients=halo_gradients,
-                                        carry_x0=carry_x0, exchange=exchange, stage_index=i))
+                                        carry_x0=carry_x0, exchange=exchange, stage_index=i,
+                                        activation_checkpointing=activation_checkpointing))
         self.x_pad: Optional[Tensor] = None
         if 0 in layout.stage_ids:
             m = plan.max_chunk_size

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from lightning_gnnpipe.comm.exchange import StageExchange
 from lightning_gnnpipe.history.halo_grad import HaloGradients
@@ -48,6 +49,9 @@ class GNNStage(nn.Module):
         halo_gradients: ``"detach"`` drops the gradient that reaches halo rows (GNNAutoScale);
             ``"stale"`` applies it to the owner chunk one epoch later (PipeGCN).
         carry_x0: Whether some block of the model takes the initial embedding ``x0``.
+        activation_checkpointing: Recompute each block's forward in the backward pass
+            (``torch.utils.checkpoint``): between a chunk's forward and backward the stage keeps only every
+            block's input ``(n_c + h_c, d)``, not the block's intermediate tensors. Results are identical.
         stage_index: The (virtual) stage index, recorded on errors raised in :meth:`forward` (:data:`STAGE_ERROR`).
         exchange: Hybrid parallelism only: the halo exchange with the other partitions' ranks of this
             stage (:class:`~lightning_gnnpipe.comm.exchange.StageExchange`); needs ``halo_gradients="detach"``.
@@ -69,6 +73,7 @@ class GNNStage(nn.Module):
         history_momentum: float = 0.0,
         halo_gradients: str = "detach",
         carry_x0: bool = False,
+        activation_checkpointing: bool = False,
         exchange: Optional[StageExchange] = None,
         stage_index: int = 0,
     ) -> None:
@@ -89,6 +94,7 @@ class GNNStage(nn.Module):
         self.in_channels = dims[layer_ids[0]]
         self.out_channels = dims[layer_ids[-1] + 1]
         self.carry_x0 = carry_x0
+        self.activation_checkpointing = activation_checkpointing
         self.x0_channels = dims[1]
         self.is_first, self.is_last = layer_ids[0] == 0, layer_ids[-1] == len(dims) - 2
         self.epoch = 0  # keys NodeDropout's masks (next_epoch)
@@ -118,6 +124,11 @@ class GNNStage(nn.Module):
     def _run_block(self, j: int, x_local: Tensor, c: int, h0: Optional[Tensor]) -> Tensor:
         if h0 is not None:  # x0 of halo rows is never used for inner outputs: pad with zeros
             h0 = F.pad(h0, (0, 0, 0, x_local.size(0) - h0.size(0)))
+        if self.activation_checkpointing and torch.is_grad_enabled() and x_local.requires_grad:
+            # Keep only the block's input until the backward pass, which runs the block again (same dropout draws:
+            # the RNG state is saved with it). History writes and halo reads happen outside, so the rerun sees the
+            # very inputs of the first run.
+            return checkpoint(self._callers[j], x_local, c, self._rows[c], self.epoch, h0, use_reentrant=False)
         return self._callers[j](x_local, c, self._rows[c], self.epoch, h0)
 
     def _outputs(self, h: Tensor, h0: Optional[Tensor], rows: int):

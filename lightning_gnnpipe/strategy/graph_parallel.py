@@ -29,7 +29,7 @@ from lightning_gnnpipe.comm.replicas import all_reduce_grads, broadcast_blocks
 from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.nn.feature_norm import check_feature_norms
-from lightning_gnnpipe.nn.chunk_call import uses_sparse
+from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
 from lightning_gnnpipe.nn.normalization import check_supported, norm_keys
 from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack
 from lightning_gnnpipe.pipeline.loss import output_grad
@@ -128,7 +128,7 @@ class GraphParallelStrategy(WholeGraphStrategy):
         stack, plan, data, x = self._prepare(trainer)
         device = self.root_device
         graph = build_chunk_graph(plan, data.edge_index, norm_keys(stack.blocks), device, dtype=x.dtype,
-                                  sparse=uses_sparse(stack.blocks))
+                                  **chunk_graph_options(stack.blocks, autocast=self._boundary_dtype != x.dtype))
         r = self.global_rank
         broadcast_blocks(stack.blocks, src=0)  # every part starts from rank 0's weights and NodeDropout seeds
         exchange = build_slot_plans(plan, self.num_parts, r)[r]  # one slot: K = G, every halo row live
