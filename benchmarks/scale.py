@@ -1,0 +1,314 @@
+"""Scale benchmark: GNNPipe against the best single-process PyG loop and graph parallelism, 250k to 2M nodes.
+
+What it measures, per (nodes, model, layers, mode), each run in its own fresh subprocess
+(``benchmarks/scale_worker.py``) so that memory is per mode:
+
+* epoch time: median of the epochs after the first (seconds; ``--epochs 4`` gives 3 timed epochs);
+* per-process peak memory (USS, PSS, RSS; bytes) of the launching process and of every rank, sampled every
+  0.2 s by a thread in each process (``benchmarks/scale_memory.py``), plus the kernel's ``VmHWM``;
+* the machine's used memory (``psutil.virtual_memory().used``) before and at its peak during the run;
+* bytes sent per epoch, all ranks (``comm/sent_total`` logged by the strategies); wall time; failures (out of
+  memory, killed, timeout: the error tail is recorded, the ladder goes on).
+
+Graph: a stochastic block model built in ``O(|E|)`` (``scale_worker.sbm``): average degree 20, 64 features,
+8 classes, 80% of the edges inside blocks, ``--blocks 64`` contiguous blocks with class = block % 8 (so METIS has
+blocks to find and every class spans 8 blocks). Models: PyG ``GCN`` and ``GraphSAGE``, hidden 64, Adam (lr 0.01),
+cross-entropy on ``train_mask``, one full-graph step per epoch, no validation. Modes:
+``pyg_edge_index`` and ``pyg_csr`` (plain loops, 2 threads; ``pyg_csr`` is the best single-process baseline),
+``trainer_single`` (Lightning, 1 process, 2 threads), ``gnnpipe_k8`` / ``gnnpipe_k16`` (``GNNPipeStrategy``,
+2 processes x 1 thread, K = 8 / 16 chunks) and ``graph_parallel`` (``GraphParallelStrategy``, 2 x 1, K = 2).
+
+Every measured run appends one JSON line to ``--cache`` (default ``benchmarks/results/scale_runs.jsonl``); a rerun
+measures only what is missing (``--force`` re-measures everything selected, ``--retry-failed`` the failed
+rungs), then rewrites ``--out``/scale.md and scale.png from the cache. Larger rungs of a (model, layers, mode) whose smaller rung ran out of memory or time are skipped
+(``--no-skip`` runs them anyway). Command lines:
+
+    python benchmarks/scale.py                                         # the whole ladder: 250k, 1M, 2M nodes
+    python benchmarks/scale.py --nodes 1000000 --models gcn --layers 16 --modes pyg_csr gnnpipe_k8
+    python benchmarks/scale.py --page-only                             # the page from the cache, nothing measured
+    python benchmarks/scale.py --selfcheck                             # CSR path == edge_index path (1e-5)
+    python benchmarks/scale.py --nodes 20000 --epochs 3 --cache /tmp/scale_test.jsonl --out /tmp/scale_page
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import scale_page  # noqa: E402
+from scale_memory import GIB, classify, log_tail, read_process_peaks, run_watched  # noqa: E402
+
+DEFAULT_NODES = [250_000, 1_000_000, 2_000_000]
+DEFAULT_MODELS = ["gcn", "sage"]
+DEFAULT_LAYERS = [8, 16]
+FATAL = ("out of memory", "killed", "timeout")  # statuses after which larger graphs are skipped
+ASSUMED_BANDWIDTH = 2.7e9  # bytes/s, docs/results/performance.md median (gloo, loopback), if none measured
+GRAPH_KEYS = ("blocks", "degree", "features", "classes", "p_in", "seed", "hidden")
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--nodes", nargs="+", type=int, default=DEFAULT_NODES)
+    p.add_argument("--models", nargs="+", choices=["gcn", "sage"], default=DEFAULT_MODELS)
+    p.add_argument("--layers", nargs="+", type=int, default=DEFAULT_LAYERS)
+    p.add_argument("--modes", nargs="+", choices=scale_page.MODES, default=scale_page.MODES)
+    p.add_argument("--epochs", type=int, default=4, help="1 warm-up + the timed ones (median)")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--blocks", type=int, default=64, help="SBM blocks (class = block %% classes)")
+    p.add_argument("--degree", type=int, default=20)
+    p.add_argument("--features", type=int, default=64)
+    p.add_argument("--classes", type=int, default=8)
+    p.add_argument("--p-in", type=float, default=0.8, help="fraction of edges inside a block")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads-single", type=int, default=2,
+                   help="intra-op threads of the single-process modes (2-process modes: 1 per process)")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per run")
+    p.add_argument("--guard-gib", type=float, default=1.5, help="kill a run below this available memory (GiB)")
+    p.add_argument("--cache", type=Path, default=HERE / "results" / "scale_runs.jsonl")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "results", help="folder of scale.md and scale.png")
+    p.add_argument("--force", action="store_true", help="re-measure cached rungs")
+    p.add_argument("--retry-failed", action="store_true", help="re-measure cached rungs that did not finish ok")
+    p.add_argument("--no-skip", action="store_true", help="run rungs above a failed smaller one")
+    p.add_argument("--no-planner", action="store_true", help="do not run the planner's estimate per rung")
+    p.add_argument("--page-only", action="store_true", help="only rewrite the page from the cache")
+    p.add_argument("--selfcheck", action="store_true", help="check pyg_csr against pyg_edge_index, then exit")
+    args = p.parse_args(argv)
+    if args.epochs < 2:
+        p.error("--epochs must be >= 2 (the first epoch is a warm-up)")
+    return args
+
+
+def config(args: argparse.Namespace, nodes: int, model: str, layers: int, mode: str) -> dict:
+    """The parameters that define one run; their JSON is the cache key."""
+    return {"nodes": nodes, "model": model, "layers": layers, "mode": mode, "epochs": args.epochs,
+            "hidden": args.hidden, "blocks": args.blocks, "degree": args.degree, "features": args.features,
+            "classes": args.classes, "p_in": args.p_in, "seed": args.seed,
+            "threads_single": args.threads_single}
+
+
+def cache_key(cfg: dict) -> str:
+    return json.dumps(cfg, sort_keys=True)
+
+
+def load_cache(path: Path) -> List[dict]:
+    """Every record of the cache, oldest first (a later line for the same key wins)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def append_cache(path: Path, rec: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def same_setup(rec: dict, args: argparse.Namespace) -> bool:
+    """Whether a record used this invocation's graph parameters and hidden width."""
+    return all(rec.get(k) == getattr(args, k) for k in GRAPH_KEYS)
+
+
+def skip_reason(records: List[dict], cfg: dict) -> Optional[str]:
+    """Why a rung is not worth running: a smaller graph of the same model, depth and mode failed fatally."""
+    for rec in records:
+        if (rec["nodes"] < cfg["nodes"] and all(rec.get(k) == cfg[k] for k in ("model", "layers", "mode", *GRAPH_KEYS))
+                and rec["status"].startswith(FATAL)):
+            return f"skipped: {rec['status']} at {rec['nodes']:,} nodes"
+    return None
+
+
+def host_info() -> dict:
+    """Hostname, CPU model, cores, total memory (bytes) and the 1-minute load average now."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"hostname": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(),
+            "memory": psutil.virtual_memory().total, "load_before": os.getloadavg()[0]}
+
+
+def git_info() -> dict:
+    """Commit of the checkout and whether tracked files differ from it (read-only: no index refresh)."""
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                env=env, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, env=env).stdout.strip()
+        return {"commit": commit, "dirty": bool(dirty)}
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": "unknown", "dirty": None}
+
+
+def package_versions() -> dict:
+    """Installed versions, read without importing torch (the worker's own report overrides them)."""
+    out = {}
+    for name in ("torch", "torch_geometric", "lightning"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    out["python"] = platform.python_version()
+    return out
+
+
+def measure(cfg: dict, args: argparse.Namespace, extra: Optional[dict] = None) -> dict:
+    """Run one rung in a fresh, watched worker process and return its record (never raises for a failed run)."""
+    run_dir = Path(tempfile.mkdtemp(prefix="scale-run-"))
+    spec = {**cfg, **(extra or {})}
+    cmd = [sys.executable, str(HERE / "scale_worker.py"), json.dumps(spec), str(run_dir)]
+    host = host_info()
+    watch = run_watched(cmd, run_dir / "log.txt", args.timeout, int(args.guard_gib * GIB), ROOT)
+    host["load_after"] = os.getloadavg()[0]
+    result_path = run_dir / "result.json"
+    result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    tail = log_tail(run_dir / "log.txt")
+    status = classify(watch, bool(result), tail)
+    rec = {**cfg, "key": cache_key(cfg), "status": status, "versions": package_versions(), **result,
+           "processes": read_process_peaks(run_dir), "wall_s": watch.pop("wall_s"), "machine": watch,
+           "host": host, "git": git_info(), "argv": sys.argv[1:],
+           "time": datetime.datetime.now().isoformat(timespec="seconds")}
+    if status == "ok":
+        shutil.rmtree(run_dir, ignore_errors=True)
+    else:
+        rec.update(error_tail=tail, run_dir=str(run_dir))
+    return rec
+
+
+def one_line(rec: dict) -> str:
+    """A progress line for stdout."""
+    head = f"{rec['model']} L={rec['layers']} {rec['nodes']:,} nodes {rec['mode']}: {rec['status']}"
+    if rec["status"] != "ok" or rec["mode"] == "planner":
+        extra = (rec.get("planner") or {}).get("choice", "") if rec["mode"] == "planner" else ""
+        return f"{head} {extra} (wall {rec['wall_s']:.0f} s)"
+    peak = scale_page.largest_proc_rss(rec)
+    return (f"{head}, epoch {rec['epoch_s']:.3f} s, peak RSS {scale_page.gib(peak)} GiB (largest process), "
+            f"machine +{scale_page.gib(rec['machine']['used_delta'])} GiB, wall {rec['wall_s']:.0f} s")
+
+
+def planner_inputs(records: List[dict], cfg: dict) -> Optional[dict]:
+    """Per-layer seconds (a measured epoch split evenly over the layers) and bandwidth for the planner."""
+    same = {r["mode"]: r for r in records if r["status"] == "ok"
+            and all(r.get(k) == cfg[k] for k in cfg if k != "mode")}
+    source = next((m for m in ("trainer_single", "pyg_edge_index", "pyg_csr") if m in same), None)
+    if source is None:
+        return None
+    bandwidth = scale_page.median_bandwidth(list(same.values())) or scale_page.median_bandwidth(records)
+    return {"planner": {"layer_seconds": [same[source]["epoch_s"] / cfg["layers"]] * cfg["layers"],
+                        "seconds_from": source, "bandwidth": bandwidth or ASSUMED_BANDWIDTH,
+                        "bandwidth_from": "measured" if bandwidth else "assumed (performance.md median)"}}
+
+
+def run_ladder(args: argparse.Namespace) -> None:
+    """Measure every selected rung missing from the cache (smallest graphs first), appending as it goes."""
+    records = load_cache(args.cache)
+    done = {r["key"] for r in records if r["status"] == "ok" or not args.retry_failed}
+    for nodes in sorted(args.nodes):
+        for model in args.models:
+            for layers in args.layers:
+                modes = list(args.modes) + ([] if args.no_planner else ["planner"])
+                for mode in modes:
+                    cfg = config(args, nodes, model, layers, mode)
+                    if cache_key(cfg) in done and not args.force:
+                        continue
+                    extra = None
+                    if mode == "planner":
+                        extra = planner_inputs(records, cfg)
+                        if extra is None:
+                            continue  # nothing measured to feed it
+                    elif not args.no_skip and (why := skip_reason(records, cfg)):
+                        print(f"{model} L={layers} {nodes:,} nodes {mode}: {why}", flush=True)
+                        continue
+                    avail = psutil.virtual_memory().available
+                    if avail < args.guard_gib * GIB:
+                        print(f"{mode}: not started, only {avail / GIB:.2f} GiB available", flush=True)
+                        continue
+                    rec = measure(cfg, args, extra)
+                    if mode == "planner" and (rec.get("planner") or {}).get("choice") == "n/a":
+                        print(f"planner: n/a ({rec['planner'].get('reason')})", flush=True)
+                        continue  # not cached: the planner may import again after the refactor
+                    append_cache(args.cache, rec)
+                    records.append(rec)
+                    done.add(rec["key"])
+                    print(one_line(rec), flush=True)
+
+
+def page_ladder(args: argparse.Namespace, records: List[dict]) -> Dict[tuple, str]:
+    """Rungs the page lists even when unmeasured (the default ladder and this command's), with why not run."""
+    ladder = {}
+    for nodes in sorted(set(DEFAULT_NODES) | set(args.nodes)):
+        for model in sorted(set(DEFAULT_MODELS) | set(args.models)):
+            for layers in sorted(set(DEFAULT_LAYERS) | set(args.layers)):
+                for mode in scale_page.MODES:
+                    why = skip_reason(records, config(args, nodes, model, layers, mode))
+                    ladder[(nodes, model, layers, mode)] = why or "not run: not measured yet"
+    return ladder
+
+
+def write_page(args: argparse.Namespace) -> str:
+    """Rewrite ``<out>/scale.md`` and ``<out>/scale.png`` from the cache; returns the markdown."""
+    records = [r for r in load_cache(args.cache) if same_setup(r, args)]
+    meta = {"title": "Scale: GNNPipe vs the best single process and graph parallelism, SBM graphs to 2M nodes",
+            "reproduce": "python benchmarks/scale.py --nodes 250000 1000000 2000000 --models gcn sage "
+                         "--layers 8 16 --epochs 4",
+            "description": (
+                f"Graph: stochastic block model (`benchmarks/scale_worker.py::sbm`, O(|E|)), average degree "
+                f"{args.degree}, {args.features} features, {args.classes} classes, {args.p_in:.0%} of the edges inside "
+                f"{args.blocks} contiguous blocks, class = block % {args.classes}; 50% of the nodes train. Models: "
+                f"PyG `GCN` / `GraphSAGE`, hidden {args.hidden}, Adam lr 0.01, one full-graph step per epoch, no "
+                f"validation. Threads: {args.threads_single} for the single-process modes, 1 per process for the 2-process "
+                "modes. "
+                "`pyg_csr`: a normalised torch CSR `adj_t` (GCN: `gcn_norm` values, `normalize=False` convs; SAGE: "
+                "mean `spmm`), the edge list freed; equal to `pyg_edge_index` within 1e-5 (`--selfcheck`). "
+                "Epoch time: median of the epochs after the first (2-process modes: the slower rank per epoch). "
+                "Peak memory: peak RSS of the largest process (a rank for the 2-process modes; the launching "
+                "process holds the graph as well and is listed in the detail tables); machine: peak of "
+                "`psutil.virtual_memory().used` during the run minus its value just before (the machine was shared "
+                "with other jobs, so it is noisy). Bytes: all ranks, `comm/sent_total`. Planner: "
+                "`estimate_layouts` / `recommend` of the package on 2 processes with per-layer seconds = the "
+                "`trainer_single` epoch split evenly (else `pyg_edge_index`, else `pyg_csr`) and the bandwidth "
+                "measured at the start of the 2-process runs."),
+            "png": "scale.png"}
+    text, runs = scale_page.render(records, page_ladder(args, records), meta)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "scale.md").write_text(text)
+    models = sorted({k[1] for k in runs} | set(DEFAULT_MODELS), key=lambda m: (m != "gcn", m))
+    layers = sorted({k[2] for k in runs} | set(DEFAULT_LAYERS))
+    scale_page.plot(runs, models, layers, args.out / "scale.png")
+    return text
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = parse_args(argv)
+    if args.selfcheck:
+        import scale_worker
+
+        print("\n".join(scale_worker.selfcheck()))
+        return
+    if not args.page_only:
+        run_ladder(args)
+    print(write_page(args))
+    print(f"\nwrote {args.out / 'scale.md'} and {args.out / 'scale.png'} from {args.cache}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+"""One measured run of ``benchmarks/scale.py``, in its own process (``python benchmarks/scale_worker.py SPEC RUN_DIR``).
+
+``SPEC`` is a JSON object: the graph (``nodes``, ``blocks``, ``degree``, ``features``, ``classes``, ``p_in``,
+``seed``), the model (``model`` = ``gcn`` | ``sage``, ``layers``, ``hidden``), ``epochs`` and ``mode``:
+
+* ``pyg_edge_index``: a plain PyTorch loop, ``model(x, edge_index)``;
+* ``pyg_csr``: the same loop on a CSR ``adj_t`` (GCN: ``gcn_norm`` baked into the values, convs with
+  ``normalize=False``; SAGE: unweighted, mean aggregation by ``spmm``); the edge list is freed;
+* ``trainer_single``: ``Trainer(devices=1)`` on :class:`ScaleModule`, ``GraphChunkDataModule(num_chunks=1)``;
+* ``gnnpipe_k8`` / ``gnnpipe_k16``: ``Trainer(devices=2, strategy=GNNPipeStrategy())``, ``num_chunks`` 8 / 16;
+* ``graph_parallel``: ``Trainer(devices=2, strategy=GraphParallelStrategy())``, ``num_chunks=2``;
+* ``planner``: no training; the package planner's estimates for this graph and model (``spec["planner"]``
+  holds the measured per-layer seconds and bandwidth it needs).
+
+Writes ``RUN_DIR/result.json`` (epoch seconds, bytes sent per epoch, losses, setup seconds, versions) and, from
+every process, ``RUN_DIR/mem_<role>.json`` (peak memory, :class:`scale_memory.MemorySampler`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch_geometric.data import Data
+from torch_geometric.nn.conv.gcn_conv import gcn_norm
+from torch_geometric.nn.models import GCN, GraphSAGE
+from torch_geometric.utils import coalesce, to_torch_csr_tensor, to_undirected
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy  # noqa: E402
+from scale_memory import MemorySampler  # noqa: E402
+
+THREADS_SINGLE = 2  # intra-op threads of the single-process modes (the machine's 2 cores; spec "threads_single")
+THREADS_RANK = 1  # per process of the 2-process modes
+TWO_PROCESS = {"gnnpipe_k8": 8, "gnnpipe_k16": 16, "graph_parallel": 2}  # mode -> num_chunks
+
+
+def sbm(num_nodes: int, num_blocks: int = 64, avg_degree: int = 20, num_features: int = 64, num_classes: int = 8,
+        p_in: float = 0.8, seed: int = 0) -> Data:
+    """A sparse stochastic-block-model graph in ``O(|E|)`` (adapted from ``benchmarks/parallelism.py``).
+
+    Nodes ``0..N-1`` form ``num_blocks`` contiguous blocks of ``N / num_blocks`` nodes; the class of a node is its
+    block modulo ``num_classes``. Each of ``N * avg_degree / 2`` undirected edges starts at a uniform node and
+    ends, with probability ``p_in``, at a uniform node of the same block, else at a uniform node; self loops are
+    dropped, so the mean degree is slightly under ``avg_degree``. Features: standard normal plus the one-hot class.
+    Masks: a random 50 / 25 / 25 train / val / test split.
+    """
+    g = torch.Generator().manual_seed(seed)
+    block = torch.arange(num_nodes) * num_blocks // num_nodes
+    starts = (torch.arange(num_blocks + 1) * num_nodes + num_blocks - 1) // num_blocks  # first node of each block
+    e = num_nodes * avg_degree // 2
+    src = torch.randint(num_nodes, (e,), generator=g)
+    b = block[src]
+    inside = starts[b] + (torch.rand(e, generator=g) * (starts[b + 1] - starts[b])).long()
+    dst = torch.where(torch.rand(e, generator=g) < p_in, inside, torch.randint(num_nodes, (e,), generator=g))
+    del b, inside
+    keep = src != dst
+    edge_index = coalesce(to_undirected(torch.stack([src[keep], dst[keep]]), num_nodes=num_nodes))
+    y = block % num_classes
+    x = torch.randn(num_nodes, num_features, generator=g) + F.one_hot(y % num_features, num_features).float()
+    perm = torch.randperm(num_nodes, generator=g)
+    masks = [torch.zeros(num_nodes, dtype=torch.bool) for _ in range(3)]
+    for i, ids in enumerate((perm[: num_nodes // 2], perm[num_nodes // 2: 3 * num_nodes // 4],
+                             perm[3 * num_nodes // 4:])):
+        masks[i][ids] = True
+    return Data(x=x, edge_index=edge_index, y=y, train_mask=masks[0], val_mask=masks[1], test_mask=masks[2])
+
+
+def graph_from_spec(spec: dict) -> Data:
+    """The SBM graph a spec names."""
+    return sbm(spec["nodes"], spec["blocks"], spec["degree"], spec["features"], spec["classes"], spec["p_in"],
+               spec["seed"])
+
+
+def build_model(spec: dict, normalize: bool = True) -> torch.nn.Module:
+    """PyG ``GCN`` or ``GraphSAGE``, ``hidden`` wide and ``layers`` deep, seeded (``normalize``: GCN only)."""
+    torch.manual_seed(spec["seed"])
+    args = (spec["features"], spec["hidden"], spec["layers"], spec["classes"])
+    if spec["model"] == "gcn":
+        return GCN(*args) if normalize else GCN(*args, normalize=False)
+    if spec["model"] == "sage":
+        return GraphSAGE(*args)
+    raise ValueError(f"scale_worker: unknown model {spec['model']!r}. Use gcn or sage.")
+
+
+def csr_adjacency(edge_index: torch.Tensor, num_nodes: int, model: str) -> torch.Tensor:
+    """The transposed adjacency ``adj_t`` (row = target node) as a torch CSR tensor.
+
+    GCN: symmetric normalisation with self loops (``gcn_norm``) baked into the values, for convs built with
+    ``normalize=False``. SAGE: unweighted; ``SAGEConv`` aggregates it with ``spmm(reduce="mean")``.
+    """
+    if model == "gcn":
+        ei, weight = gcn_norm(edge_index, None, num_nodes, add_self_loops=True)
+        return to_torch_csr_tensor(ei.flip(0), weight, size=(num_nodes, num_nodes))
+    return to_torch_csr_tensor(edge_index.flip(0), size=(num_nodes, num_nodes))
+
+
+class ScaleModule(LightningModule):
+    """An ordinary PyG LightningModule around a model built by the caller (as ``tests/helpers.py::GCNModule``)."""
+
+    def __init__(self, gnn: torch.nn.Module, lr: float = 0.01) -> None:
+        super().__init__()
+        self.gnn, self.lr = gnn, lr
+
+    def forward(self, x, edge_index):
+        return self.gnn(x, edge_index)
+
+    def training_step(self, batch, batch_idx):
+        out = self(batch.x, batch.edge_index)
+        loss = F.cross_entropy(out[batch.train_mask], batch.y[batch.train_mask])
+        self.log("train_loss", loss, batch_size=1, on_epoch=True, on_step=False)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
+class Probe(Callback):
+    """Per rank: threads, a memory sampler (2-process runs), epoch seconds and rank 0's logged metrics.
+
+    Writes ``<run_dir>/epochs_rank<r>.json`` at the end of the fit.
+    """
+
+    def __init__(self, run_dir: str, threads: int) -> None:
+        self.run_dir, self.threads = Path(run_dir), threads
+        self.epochs: List[dict] = []
+        self.sampler: Optional[MemorySampler] = None
+        self.bandwidth: Optional[float] = None
+
+    def setup(self, trainer, pl_module, stage):
+        torch.set_num_threads(self.threads)
+        if trainer.world_size > 1:  # a spawned rank; the launching process samples itself
+            self.sampler = MemorySampler(self.run_dir / f"mem_rank{trainer.global_rank}.json").start()
+            self.bandwidth = measure_bandwidth(trainer)
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self._t0 = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        row = {"epoch_s": time.perf_counter() - self._t0}
+        if trainer.global_rank == 0:
+            row["metrics"] = {k: float(v) for k, v in trainer.callback_metrics.items()
+                              if k.startswith(("comm/", "memory/", "time/", "train_loss"))}
+        self.epochs.append(row)
+
+    def on_fit_end(self, trainer, pl_module):
+        (self.run_dir / f"epochs_rank{trainer.global_rank}.json").write_text(
+            json.dumps({"epochs": self.epochs, "bandwidth_Bps": self.bandwidth}))
+
+    def teardown(self, trainer, pl_module, stage):
+        if self.sampler is not None:
+            self.sampler.stop()
+
+
+def measure_bandwidth(trainer) -> Optional[float]:
+    """Point-to-point bandwidth between ranks 0 and 1 (bytes/s) with the package planner, or ``None``."""
+    from scale_planner import planner_module
+
+    module = planner_module()
+    if module is None or not hasattr(module, "measure_bandwidth"):
+        return None
+    return float(module.measure_bandwidth(device=trainer.strategy.root_device))
+
+
+def timed_epochs(epochs: List[float]) -> List[float]:
+    """The epochs after the first (warm-up), or all of them with only one."""
+    return epochs[1:] or epochs
+
+
+def run_plain(spec: dict, data: Data, csr: bool) -> dict:
+    """The plain PyTorch loop (``pyg_edge_index`` or ``pyg_csr``), one full-graph Adam step per epoch."""
+    threads = spec.get("threads_single", THREADS_SINGLE)
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    model = build_model(spec, normalize=not csr)
+    if csr:
+        graph = csr_adjacency(data.edge_index, data.num_nodes, spec["model"])
+        del data.edge_index  # the best baseline keeps only adj_t
+    else:
+        graph = data.edge_index
+    setup_s = time.perf_counter() - t0
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, y, mask = data.x, data.y, data.train_mask
+    seconds, losses = [], []
+    model.train()
+    for _ in range(spec["epochs"]):
+        start = time.perf_counter()
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x, graph)[mask], y[mask])
+        loss.backward()
+        opt.step()
+        seconds.append(time.perf_counter() - start)
+        losses.append(float(loss))
+    return {"epoch_s_all": seconds, "losses": losses, "mode_setup_s": setup_s, "threads": threads}
+
+
+def run_trainer(spec: dict, data: Data, run_dir: Path) -> dict:
+    """A Lightning fit: ``trainer_single`` (1 process) or a 2-process strategy mode."""
+    mode = spec["mode"]
+    devices, chunks = (2, TWO_PROCESS[mode]) if mode in TWO_PROCESS else (1, 1)
+    single = spec.get("threads_single", THREADS_SINGLE)
+    threads = THREADS_RANK if devices > 1 else single
+    torch.set_num_threads(single)  # the partitioning below runs alone
+    t0 = time.perf_counter()
+    dm = GraphChunkDataModule(data, num_chunks=chunks)
+    strategy = {"gnnpipe_k8": GNNPipeStrategy, "gnnpipe_k16": GNNPipeStrategy,
+                "graph_parallel": GraphParallelStrategy}.get(mode)
+    setup_s = time.perf_counter() - t0
+    trainer = Trainer(accelerator="cpu", devices=devices, strategy=strategy() if strategy else "auto",
+                      max_epochs=spec["epochs"], logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      limit_val_batches=0, callbacks=[Probe(str(run_dir), threads)])
+    trainer.fit(ScaleModule(build_model(spec)), datamodule=dm)
+    ranks = [json.loads((run_dir / f"epochs_rank{r}.json").read_text()) for r in range(devices)]
+    per_epoch = [max(r["epochs"][e]["epoch_s"] for r in ranks) for e in range(len(ranks[0]["epochs"]))]
+    metrics = [e.get("metrics", {}) for e in ranks[0]["epochs"]]
+    out = {"epoch_s_all": per_epoch, "epoch_s_ranks": [[e["epoch_s"] for e in r["epochs"]] for r in ranks],
+           "losses": [m.get("train_loss") for m in metrics], "mode_setup_s": setup_s, "threads": threads,
+           "chunks": chunks, "processes": devices, "bandwidth_Bps": ranks[0].get("bandwidth_Bps")}
+    if devices > 1:
+        out.update(comm_summary(metrics))
+    return out
+
+
+def comm_summary(metrics: List[dict]) -> dict:
+    """Bytes sent per epoch by all ranks (median over the timed epochs) and the last epoch's comm metrics.
+
+    Uses ``comm/sent_total`` if the strategy logs it, else the sum of the ``comm/sent/<kind>`` keys.
+    """
+    def total(m: dict) -> float:
+        if "comm/sent_total" in m:
+            return m["comm/sent_total"]
+        return sum(v for k, v in m.items() if k.startswith("comm/sent/"))
+
+    timed = timed_epochs(metrics)
+    last = metrics[-1]
+    return {"bytes_sent_per_epoch": int(statistics.median(total(m) for m in timed)),
+            "bytes_sent_by_kind": {k[len("comm/sent/"):]: int(v) for k, v in last.items()
+                                   if k.startswith("comm/sent/")},
+            "comm_last_epoch": {k: v for k, v in last.items() if k.startswith(("comm/", "memory/", "time/"))}}
+
+
+def versions() -> dict:
+    """Versions of torch, PyG, Lightning and Python."""
+    import lightning
+    import torch_geometric
+
+    return {"torch": torch.__version__, "torch_geometric": torch_geometric.__version__,
+            "lightning": lightning.__version__, "python": sys.version.split()[0]}
+
+
+def selfcheck(nodes: int = 2000, tol: float = 1e-5) -> List[str]:
+    """Check that the ``pyg_csr`` path computes what the ``pyg_edge_index`` path computes.
+
+    For GCN and SAGE (3 layers), on an undirected SBM graph and on a directed subgraph of it, the outputs and the
+    parameter gradients of ``model(x, adj_t)`` must equal those of ``model(x, edge_index)`` within ``tol``.
+
+    Returns:
+        One line per check.
+
+    Raises:
+        AssertionError: If a difference exceeds ``tol``.
+    """
+    lines = []
+    base = sbm(nodes, num_blocks=8, avg_degree=10, num_features=16, num_classes=4)
+    for name, edge_index in (("undirected", base.edge_index), ("directed", base.edge_index[:, ::2])):
+        for model in ("gcn", "sage"):
+            spec = {"model": model, "features": 16, "hidden": 16, "layers": 3, "classes": 4, "seed": 0}
+            ref, csr = build_model(spec), build_model(spec, normalize=False)
+            csr.load_state_dict(ref.state_dict())
+            out_ref = ref(base.x, edge_index)
+            out_csr = csr(base.x, csr_adjacency(edge_index, nodes, model))
+            out_ref.square().mean().backward()
+            out_csr.square().mean().backward()
+            diff = float((out_ref - out_csr).abs().max())
+            grad = max(float((a.grad - b.grad).abs().max()) for a, b in zip(ref.parameters(), csr.parameters()))
+            lines.append(f"selfcheck {model} {name}: max |out diff| {diff:.2e}, max |grad diff| {grad:.2e} "
+                         f"(tolerance {tol:g})")
+            assert diff <= tol and grad <= tol, lines[-1]
+    return lines
+
+
+def main(spec: dict, run_dir: Path) -> None:
+    """Measure one run and write ``result.json``; the process's memory goes to ``mem_main.json``."""
+    sampler = MemorySampler(run_dir / "mem_main.json").start()
+    if spec["mode"] == "planner":
+        from scale_planner import planner_estimates
+
+        result = planner_estimates(spec, graph_from_spec)
+    else:
+        torch.set_num_threads(spec.get("threads_single", THREADS_SINGLE))
+        t0 = time.perf_counter()
+        data = graph_from_spec(spec)
+        graph_s, edges = time.perf_counter() - t0, int(data.num_edges)
+        if spec["mode"] in ("pyg_edge_index", "pyg_csr"):
+            result = run_plain(spec, data, csr=spec["mode"] == "pyg_csr")
+        elif spec["mode"] == "trainer_single" or spec["mode"] in TWO_PROCESS:
+            result = run_trainer(spec, data, run_dir)
+        else:
+            raise ValueError(f"scale_worker: unknown mode {spec['mode']!r}.")
+        timed = timed_epochs(result["epoch_s_all"])
+        result.update(graph_s=graph_s, edges=edges, epoch_s=statistics.median(timed),
+                      timed_epochs=len(timed))
+    sampler.stop()
+    result["versions"] = versions()
+    (run_dir / "result.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]), Path(sys.argv[2]))
