@@ -80,21 +80,23 @@ def _rng_from_plain(states: Dict[str, Any]) -> Dict[str, Any]:
 
 def gather_pipeline_state(
     stage: Union[GNNStage, Sequence[GNNStage]], plan: ChunkPlan, layers: List[List[int]], rank: int,
-    save_history: bool, group: Any = None
+    save_history: bool, num_partitions: int = 1,
 ) -> Optional[Dict[str, Any]]:
-    """Collect the pipeline's state of all ranks on rank 0 (a collective: call it on every rank).
+    """Collect every rank's part of the pipeline state on global rank 0 (a collective over the world).
 
     Args:
         stage: This rank's stage, or its stages (several per rank under multi-stage schedules).
         plan: The chunk plan of the run.
-        layers: Layer indices of every rank, ``S`` lists.
-        rank: This rank (= stage index).
-        save_history: Whether to include the history tables (``|V| x d`` floats per layer).
-        group: The pipeline's process group (hybrid parallelism; default: world). Each pipeline gathers on its
-            first stage; the strategy writes global rank 0's.
+        layers: Layer indices of every pipeline position, ``S`` lists.
+        rank: This rank's global rank ``g * S + s``.
+        save_history: Whether to include the history tables (``|V| x d`` floats per layer, per pipeline).
+        num_partitions: ``G`` pipelines (hybrid parallelism): each pipeline's tables and every rank's generators
+            are saved.
 
     Returns:
-        On rank 0 the dict stored under :data:`CHECKPOINT_KEY`; ``None`` on other ranks.
+        On rank 0 the dict stored under :data:`CHECKPOINT_KEY`; ``None`` on other ranks. ``rng_states`` holds one
+        entry per global rank; ``history`` is pipeline 0's tables by layer and, with ``G > 1``,
+        ``partition_history`` every pipeline's.
     """
     stages = [stage] if isinstance(stage, GNNStage) else list(stage)
     local = {
@@ -102,29 +104,36 @@ def gather_pipeline_state(
         "history": {int(k): t.emb.detach().cpu().clone() for st in stages for k, t in st.histories.items()}
         if save_history else None,
     }
-    parts: Optional[List[Any]] = [None] * len(layers) if rank == 0 else None
-    dist.gather_object(local, parts, dst=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    S = len(layers)
+    parts: Optional[List[Any]] = [None] * (S * num_partitions) if rank == 0 else None
+    dist.gather_object(local, parts, dst=0)
     if rank != 0:
         return None
     assert parts is not None
-    history: Optional[Dict[int, torch.Tensor]] = None
+    per_partition: List[Optional[Dict[int, torch.Tensor]]] = [None] * num_partitions
     if save_history:
-        history = {}
-        for part in parts:
-            history.update(part["history"])
+        for g in range(num_partitions):
+            per_partition[g] = {}
+            for part in parts[g * S:(g + 1) * S]:
+                per_partition[g].update(part["history"])
     return {
         "fingerprint": plan.fingerprint(),
         "num_nodes": plan.num_nodes,
         "num_chunks": plan.num_chunks,
-        "num_stages": len(layers),
+        "num_stages": S,
+        "graph_parallel_size": num_partitions,
         "layers": [list(lay) for lay in layers],
         "rng_states": [part["rng"] for part in parts],
-        "history": history,
+        "history": per_partition[0],
+        "partition_history": per_partition if num_partitions > 1 and save_history else None,
     }
 
 
-def restore_history(saved: Optional[Dict[str, Any]], stage: GNNStage, plan: ChunkPlan) -> bool:
+def restore_history(saved: Optional[Dict[str, Any]], stage: GNNStage, plan: ChunkPlan, partition: int = 0) -> bool:
     """Copy the saved history tables of this stage's layers into ``stage``.
+
+    ``partition``: this rank's pipeline ``g`` under hybrid parallelism; its own tables are loaded
+    (``partition_history``); a hybrid checkpoint without them is not loaded (the caller refreshes).
 
     Returns:
         ``True`` if every table of the stage was restored; ``False`` if the checkpoint holds no
@@ -144,6 +153,11 @@ def restore_history(saved: Optional[Dict[str, Any]], stage: GNNStage, plan: Chun
         )
         return False
     tables = saved["history"]
+    if saved.get("graph_parallel_size", 1) > 1 or partition > 0:
+        by_partition = saved.get("partition_history")
+        if not by_partition or partition >= len(by_partition) or saved.get("graph_parallel_size") != len(by_partition):
+            return False
+        tables = by_partition[partition]
     for key, table in stage.histories.items():
         value = tables.get(int(key))
         if value is None or value.shape != table.emb.shape:
@@ -156,19 +170,20 @@ def restore_history(saved: Optional[Dict[str, Any]], stage: GNNStage, plan: Chun
     return True
 
 
-def restore_rng(saved: Optional[Dict[str, Any]], rank: int, num_stages: int) -> bool:
-    """Set this rank's random generators to the states saved by the same stage.
+def restore_rng(saved: Optional[Dict[str, Any]], rank: int, num_stages: int, num_partitions: int = 1) -> bool:
+    """Set this rank's random generators to the states saved by the same rank (global rank ``g * S + s``).
 
     Returns:
         ``True`` if restored; ``False`` if the checkpoint has no states, or was written by a run
-        with another number of stages (then a warning says that dropout draws will differ).
+        with another number of stages or pipelines (then a warning says that dropout draws will differ).
     """
     if not saved or not saved.get("rng_states"):
         return False
-    if saved.get("num_stages") != num_stages:
+    if saved.get("num_stages") != num_stages or saved.get("graph_parallel_size", 1) != num_partitions:
         rank_zero_warn(
             f"GNNPipeStrategy: the checkpoint was written with {saved.get('num_stages')} stages, this run has "
-            f"{num_stages} (got layers {saved.get('layers')}); weights, optimizer state and history tables "
+            f"{num_stages} (pipelines: {saved.get('graph_parallel_size', 1)} and {num_partitions}; got layers "
+            f"{saved.get('layers')}); weights, optimizer state and history tables "
             "are restored, random generator states are not, so dropout draws differ from an uninterrupted run."
         )
         return False
@@ -204,8 +219,9 @@ class PipelineCheckpointHooks:
         """
         if self._runtime is not None and distributed_is_initialized():
             state = gather_pipeline_state(self._runtime.stages, self.lightning_module.trainer.datamodule.plan,
-                                          self._layers, self.stage_index,
-                                          self.save_history and "optimizer_states" in checkpoint, group=self._pp_group)
+                                          self._layers, self.global_rank,
+                                          self.save_history and "optimizer_states" in checkpoint,
+                                          self.graph_parallel_size)
             if state is not None:
                 checkpoint[CHECKPOINT_KEY] = state
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
@@ -223,7 +239,7 @@ class PipelineCheckpointHooks:
         draws a seed), replays exactly the draws an uninterrupted run makes after the save.
         """
         super().load_optimizer_state_dict(checkpoint)
-        restore_rng(checkpoint.get(CHECKPOINT_KEY), self.stage_index, self.num_stages)
+        restore_rng(checkpoint.get(CHECKPOINT_KEY), self.global_rank, self.num_stages, self.graph_parallel_size)
 
     def on_train_end(self) -> None:
         super().on_train_end()

@@ -231,7 +231,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         saved, self._resume_state = self._resume_state, None
         stages = self._runtime.stages if self._runtime is not None else []
         plan = self.lightning_module.trainer.datamodule.plan
-        restored = bool(stages) and all([restore_history(saved, stage, plan) for stage in stages])
+        restored = bool(stages) and all([restore_history(saved, stage, plan, self.partition_index)
+                                         for stage in stages])
         if not restored and self.refresh_on_start:
             self.refresh_history()
 
