@@ -8,6 +8,7 @@
   ``normalize=False``; SAGE: unweighted, mean aggregation by ``spmm``); the edge list is freed;
 * ``trainer_single``: ``Trainer(devices=1)`` on :class:`ScaleModule`, ``GraphChunkDataModule(num_chunks=1)``;
 * ``gnnpipe_k8`` / ``gnnpipe_k16``: ``Trainer(devices=2, strategy=GNNPipeStrategy())``, ``num_chunks`` 8 / 16;
+* ``gnnpipe_1f1b_k8``: the same with ``schedule="1f1b"`` (at most about ``S`` chunks' activations alive), K = 8;
 * ``graph_parallel``: ``Trainer(devices=2, strategy=GraphParallelStrategy())``, ``num_chunks=2``;
 * ``planner``: no training; the package planner's estimates for this graph and model (``spec["planner"]``
   holds the measured per-layer seconds and bandwidth it needs).
@@ -18,6 +19,7 @@ every process, ``RUN_DIR/mem_<role>.json`` (peak memory, :class:`scale_memory.Me
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import sys
@@ -41,7 +43,7 @@ from scale_memory import MemorySampler  # noqa: E402
 
 THREADS_SINGLE = 2  # intra-op threads of the single-process modes (the machine's 2 cores; spec "threads_single")
 THREADS_RANK = 1  # per process of the 2-process modes
-TWO_PROCESS = {"gnnpipe_k8": 8, "gnnpipe_k16": 16, "graph_parallel": 2}  # mode -> num_chunks
+TWO_PROCESS = {"gnnpipe_k8": 8, "gnnpipe_k16": 16, "gnnpipe_1f1b_k8": 8, "graph_parallel": 2}  # mode -> num_chunks
 
 
 def sbm(num_nodes: int, num_blocks: int = 64, avg_degree: int = 20, num_features: int = 64, num_classes: int = 8,
@@ -122,6 +124,11 @@ class ScaleModule(LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+    def pipeline_chunk_loss(self, out, batch, node_index):
+        """Chunk ``node_index``'s share of the training loss (the 1F1B schedule needs it; the shares sum to it)."""
+        mask = batch.train_mask[node_index]
+        return F.cross_entropy(out[mask], batch.y[node_index][mask], reduction="sum") / batch.train_mask.sum()
 
 
 class Probe(Callback):
@@ -213,6 +220,7 @@ def run_trainer(spec: dict, data: Data, run_dir: Path) -> dict:
     t0 = time.perf_counter()
     dm = GraphChunkDataModule(data, num_chunks=chunks)
     strategy = {"gnnpipe_k8": GNNPipeStrategy, "gnnpipe_k16": GNNPipeStrategy,
+                "gnnpipe_1f1b_k8": functools.partial(GNNPipeStrategy, schedule="1f1b"),
                 "graph_parallel": GraphParallelStrategy}.get(mode)
     setup_s = time.perf_counter() - t0
     trainer = Trainer(accelerator="cpu", devices=devices, strategy=strategy() if strategy else "auto",

@@ -68,3 +68,35 @@ def test_datamodule_yields_ordinary_full_graph():
     for loader in (dm.train_dataloader(), dm.val_dataloader(), dm.test_dataloader(), dm.predict_dataloader()):
         (batch,) = list(loader)
         assert batch is data
+
+
+def _tensor_bytes(obj) -> int:
+    """Bytes of every tensor an object holds in its attributes (lists and dicts followed), each counted once."""
+    seen, total, todo = set(), 0, [obj]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, torch.Tensor):
+            if item.data_ptr() not in seen:
+                seen.add(item.data_ptr())
+                total += item.numel() * item.element_size()
+        elif isinstance(item, (list, tuple)):
+            todo.extend(item)
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+        elif hasattr(item, "__dict__"):
+            todo.extend(vars(item).values())
+    return total
+
+
+def test_no_plan_structure_grows_with_chunks_times_nodes():
+    """A plan holds the part of every node, every node once as an inner node and the halos: for K = 8 and K = 64 on
+    one graph its tensor bytes differ by the halo growth alone (no per-chunk ``(|V|,)`` map is kept, also after
+    ``local_edges``)."""
+    data = sbm_graph(num_nodes=2000)
+    sizes = {}
+    for k in (8, 64):
+        plan = build_chunk_plan(data.edge_index, 2000, k)
+        plan.local_edges(data.edge_index)  # used to cache K maps of |V| ids
+        halo = sum(h.numel() * h.element_size() for h in plan.halo)
+        sizes[k] = (_tensor_bytes(plan), halo)
+    assert sizes[64][0] - sizes[8][0] == sizes[64][1] - sizes[8][1]  # K maps of |V| ids would add 0.9 MB here
