@@ -35,8 +35,10 @@ from torch_geometric.nn.models import GCN
 from torch_geometric.utils import coalesce, to_undirected
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy  # noqa: E402
+from scale_worker import split_masks  # noqa: E402
 from lightning_gnnpipe.comm.accounting import KINDS  # noqa: E402
 from lightning_gnnpipe import find_layer_stack  # noqa: E402
 from lightning_gnnpipe.planner.volume import graph_parallel_volume, hybrid_volume, pipeline_volume  # noqa: E402
@@ -67,11 +69,7 @@ def sbm(num_nodes: int = 200_000, num_blocks: int = 20, avg_degree: int = 10, nu
     keep = src != dst
     edge_index = coalesce(to_undirected(torch.stack([src[keep], dst[keep]]), num_nodes=num_nodes))
     x = torch.randn(num_nodes, num_features, generator=g) + F.one_hot(y % num_features, num_features).float()
-    perm = torch.randperm(num_nodes, generator=g)
-    masks = [torch.zeros(num_nodes, dtype=torch.bool) for _ in range(3)]
-    for i, ids in enumerate((perm[: num_nodes // 2], perm[num_nodes // 2: 3 * num_nodes // 4],
-                             perm[3 * num_nodes // 4:])):
-        masks[i][ids] = True
+    masks = split_masks(num_nodes, g)
     return Data(x=x, edge_index=edge_index, y=y, train_mask=masks[0], val_mask=masks[1], test_mask=masks[2])
 
 

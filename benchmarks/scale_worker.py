@@ -29,7 +29,7 @@ from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, Trainer
 from torch_geometric.data import Data
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from torch_geometric.nn.models import GCN, GraphSAGE
@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy  # noqa: E402
 from scale_memory import MemorySampler  # noqa: E402
+from tests.helpers import ChunkLossGCN, GNNModule  # noqa: E402  (ordinary PyG LightningModules, as users write them)
 
 THREADS_SINGLE = 2  # intra-op threads of the single-process modes (the machine's 2 cores; spec "threads_single")
 THREADS_RANK = 1  # per process of the 2-process modes
@@ -69,12 +70,18 @@ def sbm(num_nodes: int, num_blocks: int = 64, avg_degree: int = 20, num_features
     edge_index = coalesce(to_undirected(torch.stack([src[keep], dst[keep]]), num_nodes=num_nodes))
     y = block % num_classes
     x = torch.randn(num_nodes, num_features, generator=g) + F.one_hot(y % num_features, num_features).float()
-    perm = torch.randperm(num_nodes, generator=g)
+    masks = split_masks(num_nodes, g)
+    return Data(x=x, edge_index=edge_index, y=y, train_mask=masks[0], val_mask=masks[1], test_mask=masks[2])
+
+
+def split_masks(num_nodes: int, generator: torch.Generator) -> List[torch.Tensor]:
+    """A random 50 / 25 / 25 split of the nodes: train, validation and test masks ``(|V|,)`` bool."""
+    perm = torch.randperm(num_nodes, generator=generator)
     masks = [torch.zeros(num_nodes, dtype=torch.bool) for _ in range(3)]
     for i, ids in enumerate((perm[: num_nodes // 2], perm[num_nodes // 2: 3 * num_nodes // 4],
                              perm[3 * num_nodes // 4:])):
         masks[i][ids] = True
-    return Data(x=x, edge_index=edge_index, y=y, train_mask=masks[0], val_mask=masks[1], test_mask=masks[2])
+    return masks
 
 
 def graph_from_spec(spec: dict) -> Data:
@@ -106,29 +113,11 @@ def csr_adjacency(edge_index: torch.Tensor, num_nodes: int, model: str) -> torch
     return to_torch_csr_tensor(edge_index.flip(0), size=(num_nodes, num_nodes))
 
 
-class ScaleModule(LightningModule):
-    """An ordinary PyG LightningModule around a model built by the caller (as ``tests/helpers.py::GCNModule``)."""
+class ScaleModule(GNNModule):
+    """The tests' ordinary PyG LightningModule around a model built by the caller (Adam, cross-entropy on the train
+    mask), with the per-chunk loss that the 1F1B schedule needs."""
 
-    def __init__(self, gnn: torch.nn.Module, lr: float = 0.01) -> None:
-        super().__init__()
-        self.gnn, self.lr = gnn, lr
-
-    def forward(self, x, edge_index):
-        return self.gnn(x, edge_index)
-
-    def training_step(self, batch, batch_idx):
-        out = self(batch.x, batch.edge_index)
-        loss = F.cross_entropy(out[batch.train_mask], batch.y[batch.train_mask])
-        self.log("train_loss", loss, batch_size=1, on_epoch=True, on_step=False)
-        return loss
-
-    def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=self.lr)
-
-    def pipeline_chunk_loss(self, out, batch, node_index):
-        """Chunk ``node_index``'s share of the training loss (the 1F1B schedule needs it; the shares sum to it)."""
-        mask = batch.train_mask[node_index]
-        return F.cross_entropy(out[mask], batch.y[node_index][mask], reduction="sum") / batch.train_mask.sum()
+    pipeline_chunk_loss = ChunkLossGCN.pipeline_chunk_loss
 
 
 class Probe(Callback):
