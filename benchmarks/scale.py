@@ -19,6 +19,8 @@ cross-entropy on ``train_mask``, one full-graph step per epoch, no validation. M
 2 processes x 1 thread, K = 8 / 16 chunks, GPipe), ``gnnpipe_1f1b_k8`` (the same with ``schedule="1f1b"``, K = 8)
 and ``graph_parallel`` (``GraphParallelStrategy``, 2 x 1, K = 2).
 
+Needs ``pip install -e ".[bench]"`` (psutil for the memory sampling, matplotlib for the plot).
+
 Every measured run appends one JSON line to ``--cache`` (default ``benchmarks/results/scale_runs.jsonl``); a rerun
 measures only what is missing (``--force`` re-measures everything selected, ``--retry-failed`` the failed
 rungs), then rewrites ``--out``/scale.md and scale.png from the cache. Larger rungs of a (model, layers, mode) whose smaller rung ran out of memory or time are skipped
