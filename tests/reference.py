@@ -9,7 +9,7 @@ itself) and keeps the chunk's rows. It shares no code with ``GNNStage``.
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable, List, Optional
+from typing import Callable, Collection, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -36,11 +36,15 @@ def exact_inputs(layers: List[Callable], data: Data) -> List[torch.Tensor]:
 
 def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_on_start: bool = True,
                       refresh_every: int = 0, momentum: float = 0.0, stale_halo_grads: bool = False,
-                      layers: Optional[List[Callable]] = None, num_parts: int = 1) -> List[float]:
+                      layers: Optional[List[Callable]] = None, num_parts: int = 1,
+                      refresh_at: Collection[int] = ()) -> List[float]:
     """Train ``module`` (a ``GCNModule``) with the chunked algorithm in one process.
 
     ``layers`` are the model's layers as ``layer(x, edge_index)`` callables (default: the
     layers of the PyG ``GCN`` at ``module.gnn``).
+
+    ``refresh_at``: epochs at whose start the tables are also refilled exactly with the current weights (what a
+    resume from a checkpoint without history tables does at the resume epoch).
 
     ``num_parts = G > 1`` runs hybrid parallelism's rule: chunk ``j * G + g`` is partition ``g``'s
     ``j``-th chunk, the ``G`` chunks of slot ``j`` go through each layer together and read each
@@ -60,7 +64,7 @@ def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_
     collected = [torch.zeros_like(t) for t in tables]
     losses = []
     for epoch in range(epochs):
-        if refresh_every and epoch > 0 and epoch % refresh_every == 0:
+        if (refresh_every and epoch > 0 and epoch % refresh_every == 0) or epoch in refresh_at:
             tables = exact_inputs(layers, data)
         applied, collected = collected, [torch.zeros_like(t) for t in tables]
         opt.zero_grad()

@@ -66,7 +66,10 @@ class FailingGCN(GCNModule):
     ``mode`` is ``"raise"`` (a Python exception), ``"kill"`` (SIGKILL to its own process) or
     ``"stop"`` (SIGSTOP: the rank hangs with its connections open, so only the process-group
     timeout can end its peers); ``"layer"`` raises a ``ValueError`` in the first layer's forward
-    instead, on the rank of stage 0, inside torch's pipeline stage.
+    instead, on the rank of stage 0, inside torch's pipeline stage; ``"validation"`` raises a
+    ``RuntimeError`` in ``validation_step`` (epoch 1's, after the exact forward through the stages).
+    On a rank without the last stage, ``training_step`` runs after the pipeline step, on the broadcast
+    logits: ``"raise"`` fails there.
     """
 
     def __init__(self, *args: Any, mode: str = "raise", fail_rank: int = 1, **kwargs: Any) -> None:
@@ -79,11 +82,22 @@ class FailingGCN(GCNModule):
         if self.training and self.current_epoch == 1:
             raise ValueError("injected failure in a layer's forward")
 
-    def training_step(self, batch, batch_idx):
-        if self.mode == "layer":
-            return super().training_step(batch, batch_idx)
-        if self.global_rank == self.fail_rank and self.current_epoch == 1:
+    def _failing_now(self) -> bool:
+        """Whether this rank fails now; if so, stamp the moment in stderr (``tests/test_failures.py`` reads it)."""
+        failing = self.global_rank == self.fail_rank and self.current_epoch == 1
+        if failing:
             print(f"FailingGCN: failing ({self.mode}) at {time.time():.3f}", file=sys.stderr, flush=True)
+        return failing
+
+    def validation_step(self, batch, batch_idx):
+        if self.mode == "validation" and self._failing_now():
+            raise RuntimeError("injected failure in validation_step")
+        return super().validation_step(batch, batch_idx)
+
+    def training_step(self, batch, batch_idx):
+        if self.mode in ("layer", "validation"):
+            return super().training_step(batch, batch_idx)
+        if self._failing_now():
             if self.mode in ("kill", "stop"):
                 os.kill(os.getpid(), signal.SIGKILL if self.mode == "kill" else signal.SIGSTOP)
             raise RuntimeError("injected failure in training_step")
@@ -99,9 +113,10 @@ class _EpochMetrics(MetricRecorder):
 
 def fit_rank(module, datamodule, devices: int, epochs: int, strategy_kwargs: Optional[Dict[str, Any]] = None,
              ckpt_dir: Optional[str] = None, ckpt_path: Optional[str] = None, callbacks: Optional[list] = None,
-             **trainer_kwargs: Any) -> Dict[str, Any]:
+             strategy_cls: Optional[type] = None, **trainer_kwargs: Any) -> Dict[str, Any]:
     """Fit on this rank with ``GNNPipeStrategy`` (``devices`` stages, no launcher: the world exists).
 
+    ``strategy_cls`` (e.g. ``GraphParallelStrategy``) replaces ``GNNPipeStrategy``; ``strategy_kwargs`` go to it.
     With ``ckpt_dir`` a checkpoint ``epoch=<e>.ckpt`` is written after every epoch.
 
     Returns:
@@ -116,7 +131,7 @@ def fit_rank(module, datamodule, devices: int, epochs: int, strategy_kwargs: Opt
     kwargs = dict(accelerator="cpu", devices=devices, max_epochs=epochs, logger=False,
                   enable_checkpointing=ckpt_dir is not None or any(isinstance(c, ModelCheckpoint) for c in cbs),
                   enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, callbacks=cbs,
-                  strategy=GNNPipeStrategy(**(strategy_kwargs or {})))
+                  strategy=(strategy_cls or GNNPipeStrategy)(**(strategy_kwargs or {})))
     kwargs.update(trainer_kwargs)
     trainer = Trainer(**kwargs)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
@@ -142,7 +157,21 @@ def callback_summary(trainer, stop, best, metrics) -> Dict[str, Any]:
             "val_acc": [m["val_acc"] for m in metrics]}
 
 
-def failing_job(datamodule, mode: str, timeout_s: float) -> None:
-    """Fit a 2-stage model whose rank 1 fails in epoch 1 (see :class:`FailingGCN`)."""
-    fit_rank(FailingGCN(16, 16, 2, 4, mode=mode), datamodule, 2, 3,
-             strategy_kwargs={"timeout": timedelta(seconds=timeout_s)}, limit_val_batches=0)
+def rewrite_history(src, dst, history: Optional[Dict[int, torch.Tensor]] = None) -> str:
+    """Copy checkpoint ``src`` to ``dst`` with its history tables replaced by ``history`` (``None``: none saved)."""
+    from lightning_gnnpipe.strategy.checkpoint import CHECKPOINT_KEY
+
+    state = torch.load(src, weights_only=True)
+    state[CHECKPOINT_KEY]["history"] = history
+    torch.save(state, dst)
+    return str(dst)
+
+
+def failing_job(datamodule, mode: str, timeout_s: float, fail_rank: int = 1) -> None:
+    """Fit a 2-stage model whose rank ``fail_rank`` fails in epoch 1 (see :class:`FailingGCN`).
+
+    Validation runs only in mode ``"validation"`` (the failure is in it).
+    """
+    fit_rank(FailingGCN(16, 16, 2, 4, mode=mode, fail_rank=fail_rank), datamodule, 2, 3,
+             strategy_kwargs={"timeout": timedelta(seconds=timeout_s)},
+             limit_val_batches=1.0 if mode == "validation" else 0)

@@ -126,6 +126,20 @@ def test_exception_without_launcher(small_dm):
     assert rank0.seconds < LIMIT_S
 
 
+@pytest.mark.parametrize("mode,fail_rank", [("raise", 0), ("validation", 0), ("validation", 1)])
+def test_exception_on_rank_0_or_in_validation_without_launcher(small_dm, mode, fail_rank):
+    """Rank 0 (it also serves the rendezvous store) failing in ``training_step``, or either rank in
+    ``validation_step`` (after the exact forward; its peer learns of it in the next collective)."""
+    results = run_world(2, failing_job, small_dm, mode, PG_TIMEOUT_S, fail_rank=fail_rank, timeout=LIMIT_S)
+    failed, peer = results[fail_rank], results[1 - fail_rank]
+    step = "validation_step" if mode == "validation" else "training_step"
+    assert failed.exitcode == 1 and f"RuntimeError: injected failure in {step}" in failed.error
+    assert f"this error was raised on rank {fail_rank} (stage {fail_rank} of 2, layers [{fail_rank}])" in failed.error
+    assert peer.exitcode == 1 and "stopped because another rank stopped answering" in peer.error
+    print(f"{mode} on rank {fail_rank}: ranks ended after {[round(r.seconds, 2) for r in results]} s")
+    assert max(r.seconds for r in results) < LIMIT_S
+
+
 def test_layer_error_reaches_the_user_unwrapped(small_dm):
     """A block's own exception, not torch's ``RuntimeError("[Stage 0] failed to run forward")`` around it."""
     rank0, rank1 = run_world(2, failing_job, small_dm, "layer", PG_TIMEOUT_S, timeout=LIMIT_S)

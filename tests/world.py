@@ -20,7 +20,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 
 def free_port() -> int:
@@ -40,9 +40,26 @@ class RankResult:
     seconds: float = 0.0
 
 
-def _worker(rank: int, nprocs: int, port: int, out: str, fn: Callable, args: tuple, kwargs: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(nprocs), RANK=str(rank),
-                      LOCAL_RANK=str(rank), NODE_RANK="0", OMP_NUM_THREADS="1")
+def rank_env(rank: int, nprocs: int, port: int, nodes: int = 1) -> Dict[str, str]:
+    """The environment of global rank ``rank`` of ``nprocs`` processes on ``nodes`` nodes (node-major).
+
+    One node: ``LOCAL_RANK = RANK``, ``NODE_RANK=0`` (Lightning's ``LightningEnvironment``). Several nodes: what
+    ``torchrun --nnodes=N --nproc-per-node=P --node-rank=n`` gives each of its workers (``GROUP_RANK``,
+    ``LOCAL_WORLD_SIZE``, ``TORCHELASTIC_RUN_ID``, so Lightning picks its ``TorchElasticEnvironment``), plus
+    ``NODE_RANK``; all "nodes" are this machine.
+    """
+    per_node = nprocs // nodes
+    env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(nprocs), RANK=str(rank),
+               LOCAL_RANK=str(rank % per_node), NODE_RANK=str(rank // per_node), OMP_NUM_THREADS="1")
+    if nodes > 1:
+        env.update(GROUP_RANK=str(rank // per_node), LOCAL_WORLD_SIZE=str(per_node),
+                   TORCHELASTIC_RUN_ID=f"world{port}")
+    return env
+
+
+def _worker(rank: int, nprocs: int, port: int, out: str, fn: Callable, args: tuple, kwargs: dict,
+            nodes: int = 1) -> None:
+    os.environ.update(rank_env(rank, nprocs, port, nodes))
     import torch
 
     # One thread, and OMP_NUM_THREADS so that Lightning keeps it: an OpenMP parallel region in a
@@ -60,19 +77,23 @@ def _worker(rank: int, nprocs: int, port: int, out: str, fn: Callable, args: tup
 
 
 def run_world(nprocs: int, fn: Callable, *args: Any, timeout: float = 120.0, linger: Optional[float] = None,
-              **kwargs: Any) -> List[RankResult]:
+              nodes: int = 1, **kwargs: Any) -> List[RankResult]:
     """Fork ``nprocs`` ranks that each call ``fn(*args, **kwargs)``; wait at most ``timeout`` seconds.
 
     With ``linger``, once some rank has exited, the others get at most ``linger`` more seconds.
+    With ``nodes > 1`` the ranks get the environment of ``nprocs / nodes`` processes per node, as torchrun
+    starts them on each node (:func:`rank_env`).
 
     Returns every rank's :class:`RankResult` (``exitcode`` ``None`` for a rank that was still
     running at the deadline; it is then killed). No process outlives this call.
     """
+    if nodes < 1 or nprocs % nodes:
+        raise ValueError(f"run_world: `nodes` must divide the number of processes {nprocs} (got {nodes})")
     ctx = mp.get_context("fork")
     port = free_port()
     with tempfile.TemporaryDirectory() as out:
         start = time.monotonic()
-        procs = [ctx.Process(target=_worker, args=(r, nprocs, port, out, fn, args, kwargs), daemon=True)
+        procs = [ctx.Process(target=_worker, args=(r, nprocs, port, out, fn, args, kwargs, nodes), daemon=True)
                  for r in range(nprocs)]
         for p in procs:
             p.start()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -133,22 +133,24 @@ class CommStats:
         """Bytes this rank sent in the step, all kinds together."""
         return sum(self.bytes_sent.values())
 
-    def vector(self) -> Tensor:
-        """Pack the counts into ``(2 * len(KINDS) + 4,)`` float64: sent and recv (bytes), wait, bubble, compute and
-        step (seconds)."""
+    def vector(self, device: Optional[torch.device] = None) -> Tensor:
+        """Pack the counts into ``(2 * len(KINDS) + 4,)`` float64 on ``device``: sent and recv (bytes), wait, bubble,
+        compute and step (seconds)."""
         values: List[float] = [float(self.bytes_sent[k]) for k in KINDS] + [float(self.bytes_recv[k]) for k in KINDS]
-        return torch.tensor(values + [self.wait_s, self.bubble_s, self.compute_s, self.step_s], dtype=torch.float64)
+        return torch.tensor(values + [self.wait_s, self.bubble_s, self.compute_s, self.step_s], dtype=torch.float64,
+                            device=device)
 
-    def world_metrics(self, group=None) -> Dict[str, float]:
+    def world_metrics(self, group=None, device: Optional[torch.device] = None) -> Dict[str, float]:
         """Gather every rank's counts and return the metrics every rank logs.
 
-        A collective: every rank of ``group`` must call it. Keys: ``comm/sent/<kind>`` (bytes,
+        A collective: every rank of ``group`` must call it, with ``device`` the process group's device (the GPU
+        under NCCL). Keys: ``comm/sent/<kind>`` (bytes,
         summed over ranks; every byte is sent once, so this is the traffic on the network),
         ``comm/sent_total``, and per rank ``r``: ``comm/wait_s/rank<r>``,
         ``comm/bubble_s/rank<r>``, ``comm/compute_s/rank<r>``, ``comm/step_s/rank<r>`` (seconds).
         """
         world = dist.get_world_size(group) if dist.is_initialized() else 1
-        mine = self.vector()
+        mine = self.vector(device)
         rows = [torch.empty_like(mine) for _ in range(world)]
         if world > 1:
             dist.all_gather(rows, mine, group=group)
@@ -170,6 +172,6 @@ def log_comm(module: Any, stats: CommStats) -> Dict[str, float]:
     Every rank logs the same gathered values (see :meth:`CommStats.world_metrics`), so the
     loggers, which write on rank 0 only, see every stage's figures.
     """
-    metrics = stats.world_metrics()
+    metrics = stats.world_metrics(device=module.device)
     module.log_dict(metrics, on_step=False, on_epoch=True, batch_size=1)
     return metrics

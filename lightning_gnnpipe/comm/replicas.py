@@ -51,8 +51,8 @@ def all_reduce_grads(params: List[nn.Parameter], stats: CommStats, world: int, g
     with stats.waiting():
         dist.all_reduce(flat, group=group)
     stats.record_all_reduce("weight_allreduce", flat, world)
-    offset, has = 0, flat[-len(params):]
+    offset, has = 0, flat[-len(params):].tolist()  # one host read per step
     for i, p in enumerate(params):
-        if bool(has[i] > 0):
+        if has[i] > 0:
             p.grad = flat[offset: offset + p.numel()].view_as(p).clone()
         offset += p.numel()

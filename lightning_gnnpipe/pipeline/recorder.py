@@ -13,17 +13,47 @@ left of the step is time spent blocked on the neighbours:
 * wait: every other gap (steady-state waiting for a neighbour's activations or gradients).
 
 For equal stage times the bubble is ``(S-1)/(K+S-1)`` of the step (GPipe, arXiv 1811.06965).
+
+On a CUDA device the timeline is read from CUDA events (``torch.cuda.Event(enable_timing=True)``), recorded around
+each action and resolved once at the end of the step, so the kernels' time is measured without a host sync per
+chunk; on the CPU it is ``time.perf_counter``.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
+import torch
 import torch.distributed as dist
 
 from lightning_gnnpipe._compat import pipeline_stages, wrap_schedule_loss
 from lightning_gnnpipe.comm.accounting import CommStats, nbytes
+
+
+class StepClock:
+    """Timestamps of one step: ``time.perf_counter`` on the CPU, CUDA events on a CUDA device."""
+
+    def __init__(self, device: Optional[torch.device] = None) -> None:
+        self.cuda = device is not None and device.type == "cuda"
+        self.device = device
+
+    def mark(self) -> Any:
+        """A timestamp: a float (seconds) on the CPU, a recorded ``torch.cuda.Event`` on CUDA."""
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, origin: Any, mark: Any) -> float:
+        """Seconds from ``origin`` to ``mark`` (on CUDA, call :meth:`wait` first)."""
+        return origin.elapsed_time(mark) / 1e3 if self.cuda else mark - origin
+
+    def wait(self) -> None:
+        """Wait for the device's queued work (a no-op on the CPU)."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
 
 
 class PipelineRecorder:
@@ -33,12 +63,15 @@ class PipelineRecorder:
         schedule: A single-stage schedule (``ScheduleGPipe``, ``Schedule1F1B``) or a multi-stage one
             (interleaved, looped BFS, zero bubble: every stage; :func:`~lightning_gnnpipe._compat.pipeline_stages`).
         stats: The object to fill; :meth:`begin` resets it.
+        device: The stages' device (CUDA: timed with CUDA events).
     """
 
-    def __init__(self, schedule: Any, stats: CommStats) -> None:
+    def __init__(self, schedule: Any, stats: CommStats, device: Optional[torch.device] = None) -> None:
         self.stats = stats
-        self.events: List[Tuple[str, float, float]] = []
-        self._t0 = 0.0
+        self.clock = StepClock(device)
+        self.events: List[Tuple[str, float, float]] = []  # (action, start s, end s) from the step's start
+        self._marks: List[Tuple[str, Any, Any]] = []
+        self._t0: Any = 0.0
         for stage in pipeline_stages(schedule):
             for name, kind in (("get_fwd_send_ops", "stage_activations"), ("get_fwd_recv_ops", "stage_activations"),
                                ("get_bwd_send_ops", "stage_gradients"), ("get_bwd_recv_ops", "stage_gradients")):
@@ -62,29 +95,33 @@ class PipelineRecorder:
 
     def _timed(self, method: Callable, name: str) -> Callable:
         def wrapped(*args: Any, **kwargs: Any):
-            start = time.perf_counter()
+            start = self.clock.mark()
             try:
                 return method(*args, **kwargs)
             finally:
-                self.events.append((name, start, time.perf_counter()))
+                self._marks.append((name, start, self.clock.mark()))
 
         return wrapped
 
     def begin(self) -> None:
         """Start a step: reset the counts and the timeline."""
         self.stats.reset()
-        self.events = []
-        self._t0 = time.perf_counter()
+        self.events, self._marks = [], []
+        self._t0 = self.clock.mark()
 
     def end(self) -> None:
         """End a step: set ``step_s``, ``compute_s``, ``bubble_s`` and ``wait_s`` (seconds)."""
-        t1 = time.perf_counter()
+        end = self.clock.mark()
+        self.clock.wait()
+        seconds = self.clock.seconds
+        self.events = [(name, seconds(self._t0, b), seconds(self._t0, e)) for name, b, e in self._marks]
+        t1 = seconds(self._t0, end)
         s = self.stats
-        s.step_s = t1 - self._t0
+        s.step_s = t1
         if not self.events:
             return
         s.compute_s = sum(e - b for _, b, e in self.events)
-        bubble = self.events[0][1] - self._t0 + (t1 - self.events[-1][2])
+        bubble = self.events[0][1] + (t1 - self.events[-1][2])
         first_bwd = next((i for i, ev in enumerate(self.events) if ev[0] == "bwd"), None)
         if first_bwd:
             bubble += self.events[first_bwd][1] - self.events[first_bwd - 1][2]

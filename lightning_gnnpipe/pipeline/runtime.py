@@ -150,7 +150,7 @@ class PipelineRuntime:
             self.loss if self.loss is not None else _not_last_stage,
             group=lay.pipeline_group, in_dtypes=in_dtypes, out_dtypes=out_dtypes,
         )
-        self.recorder = PipelineRecorder(self.schedule, self.stats)
+        self.recorder = PipelineRecorder(self.schedule, self.stats, self.device)
 
     def step(self, full_loss: Callable, chunk_loss: Callable) -> Tuple[Tensor, Any]:
         """Run one training step (every chunk forward and backward); return the logits and the loss output.
@@ -165,7 +165,7 @@ class PipelineRuntime:
         """
         assert self.schedule is not None and self.recorder is not None
         lay = self.layout
-        ids = torch.tensor(self.chunk_ids, device=self.device)
+        ids = torch.tensor(self.chunk_ids)  # on the CPU: stages and loss read the chunk id without a device sync
         args = (self.x_pad,) if self.x_pad is not None else ()
         kwargs: Dict[str, Any] = {"chunk_id": ids}
         if self.loss is not None:

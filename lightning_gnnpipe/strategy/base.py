@@ -11,7 +11,6 @@ runs a training step and computes the exact full-graph logits (:meth:`full_logit
 
 from __future__ import annotations
 
-import warnings
 from datetime import timedelta
 from typing import Any, Dict, List, Literal, Optional, Union
 
@@ -26,6 +25,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.optim import Optimizer
+from torchmetrics import Metric
 
 from lightning_gnnpipe._compat import (SubprocessScriptLauncher, default_process_group_backend, init_dist_connection,
                                        optimizers_to_device, sync_ddp_if_available)
@@ -86,6 +86,7 @@ class WholeGraphStrategy(ParallelStrategy):
         self._grads: List[tuple] = []
         self.comm_stats = CommStats()  # this rank's traffic in the last training step
         self.comm_metrics: Dict[str, float] = {}  # every rank's, as logged (comm/...)
+        self._rank_group: Any = None  # this rank alone: where torchmetrics sync
 
     # ------------------------------------------------------------------ ranks and devices (as DDP)
     @property
@@ -107,9 +108,12 @@ class WholeGraphStrategy(ParallelStrategy):
 
     @property
     def is_distributed(self) -> bool:
-        # Deliberately False: every rank must get the same full-graph batch, so Lightning must
-        # not inject a DistributedSampler.
-        return False
+        return True
+
+    @property
+    def distributed_sampler_kwargs(self) -> Dict[str, Any]:
+        """One data-parallel replica: Lightning's ``DistributedSampler`` gives every rank the whole graph."""
+        return {"num_replicas": 1, "rank": 0}
 
     @property
     def process_group_backend(self) -> Optional[str]:
@@ -127,9 +131,6 @@ class WholeGraphStrategy(ParallelStrategy):
         # Validate before the process group exists (also under torchrun, where no launcher runs).
         self.check(self.lightning_module.trainer)
         check_precision(self.precision_plugin, type(self).__name__)
-        # Every rank logs identical values (the full-graph output is broadcast), so Lightning's advice
-        # to add `sync_dist=True` to epoch-level logs does not apply here.
-        warnings.filterwarnings("ignore", message=r".*when logging on epoch level in distributed setting.*")
         super().setup_environment()
         self.set_world_ranks()
         self._process_group_backend = self._process_group_backend or default_process_group_backend(self.root_device)
@@ -148,19 +149,48 @@ class WholeGraphStrategy(ParallelStrategy):
 
     def barrier(self, *args: Any, **kwargs: Any) -> None:
         if distributed_is_initialized():
-            dist.barrier()
+            device_ids = [self.root_device.index] if dist.get_backend() == "nccl" else None
+            dist.barrier(device_ids=device_ids)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         if not distributed_is_initialized():
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src)
+        dist.broadcast_object_list(box, src, device=self.root_device if dist.get_backend() == "nccl" else None)
         return box[0]
 
+    # Every rank runs the user's steps on the same whole-graph output and batch: to Lightning the job is one
+    # data-parallel replica. What a rank logs, reduces or gathers is already the single-device value, so these
+    # need no communication (and may not communicate: on the last stage the user's ``training_step`` runs inside
+    # the pipeline schedule, where the other ranks are not at the same collective).
     def reduce(self, tensor: Any, group: Optional[Any] = None, reduce_op: Optional[Union[str, Any]] = "mean") -> Any:
-        if isinstance(tensor, Tensor):
-            return sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
+        """Return ``tensor`` unchanged: the reduction over one data-parallel replica (``self.log(sync_dist=True)``)."""
         return tensor
+
+    def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
+        """Return ``tensor`` unchanged, as on one device (``LightningModule.all_gather`` over one replica)."""
+        return tensor
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """Combine a callback's decision over every rank (a collective; callbacks run on every rank at once)."""
+        if not distributed_is_initialized():
+            return decision
+        votes = torch.tensor(int(decision), device=self.root_device)
+        votes = sync_ddp_if_available(votes, None, reduce_op="sum")
+        return bool(votes == self.world_size) if all else bool(votes)
+
+    def _local_metrics(self) -> None:
+        """Sync every torchmetrics metric of the module over this rank alone (a collective: creates the groups).
+
+        Each rank updates its metrics with the same whole-graph values; a world-wide sync would count every node
+        once per rank (a ``SumMetric`` of labelled nodes would read ``world_size`` times the truth).
+        """
+        if self._rank_group is None:
+            self._rank_group, _ = dist.new_subgroups_by_enumeration([[r] for r in range(self.world_size)],
+                                                                    timeout=self._timeout)
+        for metric in self.lightning_module.modules():
+            if isinstance(metric, Metric):
+                metric.process_group = self._rank_group
 
     def model_to_device(self) -> None:
         assert self.model is not None
@@ -177,6 +207,7 @@ class WholeGraphStrategy(ParallelStrategy):
         assert self.model is not None
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
+        self._local_metrics()
         self._build(trainer)
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
@@ -287,5 +318,5 @@ class WholeGraphStrategy(ParallelStrategy):
         return f"rank {self.global_rank}"
 
     def teardown(self) -> None:
-        self._grads = []
+        self._grads, self._rank_group = [], None
         super().teardown()

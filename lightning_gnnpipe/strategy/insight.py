@@ -89,6 +89,7 @@ class PipelineInsight(Callback):
         device = trainer.strategy.root_device
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+            torch.cuda.synchronize(device)  # the epoch's time counts its kernels, not their launches
         self._t0 = time.perf_counter()
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -114,6 +115,8 @@ class PipelineInsight(Callback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         strategy = trainer.strategy
         device = strategy.root_device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         mine = torch.tensor([time.perf_counter() - self._t0, float(peak_memory_bytes(device))],
                             dtype=torch.float64, device=device)
         rows = [mine]

@@ -1,0 +1,125 @@
+"""Evaluation in every mode, and a world of two nodes, on forked gloo ranks (the torchrun way).
+
+* ``trainer.validate(ckpt_path=...)`` and ``trainer.predict`` with a ``BasePredictionWriter`` (ranks started
+  outside Lightning cannot hand predictions back, so the writer saves each rank's to a file) under
+  ``GNNPipeStrategy`` (2 stages), ``GraphParallelStrategy`` (2 partitions) and hybrid parallelism (2 stages x 2
+  partitions): equal to the plain LightningModule with the checkpoint's weights on the full graph.
+* ``Trainer(num_nodes=2, devices=1)``: one process per node, with torchrun's per-node environment.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import BasePredictionWriter
+
+from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy
+from tests.helpers import GCNModule, sbm_graph
+from tests.reference import chunked_reference
+from tests.scenarios import fit_rank
+from tests.world import run_world, values
+
+MODES = {  # processes, strategy, its options, the DataModule's options
+    "gnnpipe": (2, GNNPipeStrategy, {}, {"num_chunks": 4}),
+    "graph_parallel": (2, GraphParallelStrategy, {}, {"num_chunks": 2}),
+    "hybrid": (4, GNNPipeStrategy, {"graph_parallel_size": 2}, {"num_chunks": 4, "num_parts": 2}),
+}
+CHECKPOINT = "epoch=0.ckpt"  # written after the first of two epochs: neither the initial nor the final weights
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return sbm_graph(num_nodes=300)
+
+
+def val_metrics(out, batch):
+    """Validation loss (continuous) and accuracy of the logits ``out`` ``(|V|, C)``."""
+    mask = batch.val_mask
+    return {"val_loss": F.cross_entropy(out[mask], batch.y[mask]),
+            "val_acc": (out[mask].argmax(-1) == batch.y[mask]).float().mean()}
+
+
+class EvalGCN(GCNModule):
+    """``GCNModule`` logging a validation loss too, and predicting the logits."""
+
+    def validation_step(self, batch, batch_idx):
+        for name, value in val_metrics(self(batch.x, batch.edge_index), batch).items():
+            self.log(name, value, batch_size=1)
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch.x, batch.edge_index)
+
+
+class LogitsWriter(BasePredictionWriter):
+    """Save each rank's prediction to ``<directory>/logits.rank<r>.pt``."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(write_interval="batch")
+        self.directory = directory
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        torch.save(prediction.cpu(), Path(self.directory) / f"logits.rank{trainer.global_rank}.pt")
+
+
+def eval_job(dm, devices, strategy_cls, opts, directory):
+    """Fit 2 epochs (checkpoint each), then validate and predict fresh modules from the first checkpoint."""
+    trainer = fit_rank(EvalGCN(16, 32, 4, 4), dm, devices, 2, strategy_cls=strategy_cls, strategy_kwargs=opts,
+                       ckpt_dir=str(Path(directory) / "ckpt"), callbacks=[LogitsWriter(directory)])["trainer"]
+    path = str(Path(directory) / "ckpt" / CHECKPOINT)
+    metrics = trainer.validate(EvalGCN(16, 32, 4, 4), datamodule=dm, ckpt_path=path, verbose=False)[0]
+    trainer.predict(EvalGCN(16, 32, 4, 4), datamodule=dm, ckpt_path=path, return_predictions=False)
+    return metrics
+
+
+def _plain(graph, state_dict=None):
+    """Logits and validation metrics of the plain module on one device (initial weights, or ``state_dict``'s)."""
+    module = EvalGCN(16, 32, 4, 4)
+    if state_dict is not None:
+        module.load_state_dict(state_dict, strict=True)
+    module.eval()
+    with torch.no_grad():
+        out = module(graph.x, graph.edge_index)
+    return out, {k: float(v) for k, v in val_metrics(out, graph).items()}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_validate_and_predict_equal_the_plain_module(tmp_path, graph, mode):
+    devices, strategy_cls, opts, dm_opts = MODES[mode]
+    dm = GraphChunkDataModule(graph, **dm_opts)
+    metrics = values(run_world(devices, eval_job, dm, devices, strategy_cls, opts, str(tmp_path)))
+    state = torch.load(tmp_path / "ckpt" / CHECKPOINT, weights_only=True)
+    out, expected = _plain(graph, state["state_dict"])
+    initial = _plain(graph)[1]
+    assert abs(initial["val_loss"] - expected["val_loss"]) > 1e-3  # the checkpoint's weights must be loaded
+    predictions = [torch.load(tmp_path / f"logits.rank{rank}.pt") for rank in range(devices)]
+    print(f"{mode}: max |metric difference| {max(abs(m[k] - v) for m in metrics for k, v in expected.items()):.2e}, "
+          f"max |logit difference| {max(float((p - out).abs().max()) for p in predictions):.2e}")
+    for got, logits in zip(metrics, predictions):
+        assert set(got) == set(expected)
+        assert all(abs(got[name] - value) <= 1e-6 for name, value in expected.items()), (got, expected)
+        torch.testing.assert_close(logits, out, atol=1e-5, rtol=0)
+
+
+def node_job(dm, devices, epochs, **trainer_kwargs):
+    """Fit; return the losses and where Lightning and the strategy placed this rank."""
+    out = fit_rank(GCNModule(16, 32, 4, 4), dm, devices, epochs, limit_val_batches=0, **trainer_kwargs)
+    trainer = out["trainer"]
+    return {"losses": out["losses"], "place": (trainer.node_rank, trainer.local_rank, trainer.global_rank,
+                                               trainer.world_size, trainer.strategy.rank_location()),
+            "environment": type(trainer.strategy.cluster_environment).__name__}
+
+
+def test_two_nodes_one_process_each(graph):
+    """``Trainer(num_nodes=2, devices=1)`` under torchrun's environment trains as 2 processes on one node."""
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+    epochs = 4
+    nodes = values(run_world(2, node_job, dm, 1, epochs, nodes=2, num_nodes=2))
+    one = values(run_world(2, node_job, dm, 2, epochs))
+    where = ["rank 0 (stage 0 of 2, layers [0, 1])", "rank 1 (stage 1 of 2, layers [2, 3])"]
+    assert [r["place"] for r in nodes] == [(r, 0, r, 2, where[r]) for r in range(2)]
+    assert [r["place"] for r in one] == [(0, r, r, 2, where[r]) for r in range(2)]
+    assert [r["environment"] for r in nodes] == ["TorchElasticEnvironment"] * 2
+    assert len(nodes[0]["losses"]) == epochs and all(r["losses"] == one[0]["losses"] for r in nodes + one)
+    reference = chunked_reference(GCNModule(16, 32, 4, 4), graph, dm.plan, epochs)
+    torch.testing.assert_close(nodes[0]["losses"], reference, atol=1e-6, rtol=0)

@@ -1,0 +1,176 @@
+"""Unit tests of the history tables (``History``) and of stale halo gradients (``HaloGradients``).
+
+Every expectation is a hand computation on a few rows, written out as literal numbers (binary fractions where
+float32 must be exact).
+"""
+
+import pytest
+import torch
+
+from lightning_gnnpipe.history.halo_grad import HaloGradients
+from lightning_gnnpipe.history.history import History
+
+
+def rows(*values):
+    return torch.tensor(values, dtype=torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------- History
+
+
+def test_a_new_table_is_zero_non_persistent_and_without_grad():
+    table = History(5, 3)
+    assert table.emb.shape == (5, 3) and table.emb.dtype == torch.get_default_dtype()
+    assert torch.equal(table.emb, torch.zeros(5, 3)) and not table.emb.requires_grad
+    assert table.state_dict() == {}  # not checkpointed with the model's weights
+    assert [name for name, _ in table.named_buffers()] == ["emb"]  # but moves with .to(device/dtype)
+
+
+@pytest.mark.parametrize("momentum", [-0.1, 1.0, 1.5])
+def test_momentum_outside_zero_one_is_refused(momentum):
+    with pytest.raises(ValueError, match=r"`momentum` must be in \[0, 1\)"):
+        History(3, 2, momentum=momentum)
+
+
+def test_push_overwrites_rows_in_index_order_and_pull_reads_them_in_any_order():
+    table = History(4, 2)
+    table.push(torch.tensor([3, 0]), rows([1, 2], [3, 4]))
+    assert torch.equal(table.emb, rows([3, 4], [0, 0], [0, 0], [1, 2]))
+    table.push(torch.tensor([3]), rows([5, 6]))  # momentum 0: the new rows replace the old ones
+    assert torch.equal(table.emb, rows([3, 4], [0, 0], [0, 0], [5, 6]))
+    assert torch.equal(table.pull(torch.tensor([3, 1, 0])), rows([5, 6], [0, 0], [3, 4]))
+    assert torch.equal(table.pull(torch.tensor([0, 3, 0, 0])), rows([3, 4], [5, 6], [3, 4], [3, 4]))  # repeats
+    assert table.pull(torch.tensor([], dtype=torch.long)).shape == (0, 2)
+
+
+def test_push_with_a_repeated_index_writes_one_of_the_rows():
+    # A repeated row in one push has no defined winner (index_put without accumulate): either value, never a sum.
+    table = History(2, 2)
+    table.push(torch.tensor([1, 1]), rows([1, 2], [3, 4]))
+    assert table.emb[1].tolist() in ([1, 2], [3, 4]) and table.emb[0].tolist() == [0, 0]
+
+
+def test_momentum_push_is_m_old_plus_one_minus_m_new():
+    # m = 0.9, from a zero row: 0.1 * [10, -20] = [1, -2]; then 0.9 * [1, -2] + 0.1 * [1, 2] = [1, -1.6].
+    table = History(3, 2, momentum=0.9)
+    table.push(torch.tensor([2]), rows([10, -20]))
+    torch.testing.assert_close(table.emb, rows([0, 0], [0, 0], [1, -2]), atol=1e-6, rtol=0)
+    table.push(torch.tensor([2, 0]), rows([1, 2], [5, 5]))  # row 0 was zero: 0.1 * [5, 5]
+    torch.testing.assert_close(table.emb, rows([0.5, 0.5], [0, 0], [1, -1.6]), atol=1e-6, rtol=0)
+    # from an exact refresh [4, 8]: 0.9 * [4, 8] + 0.1 * [-6, 2] = [3, 7.4] (1 - m would give [-5, 2.6])
+    table.refresh(rows([0, 0], [4, 8], [0, 0]))
+    table.push(torch.tensor([1]), rows([-6, 2]))
+    torch.testing.assert_close(table.emb[1], rows(3, 7.4), atol=1e-6, rtol=0)
+
+
+def test_momentum_push_in_float64_equals_the_hand_computation_exactly():
+    table = History(2, 1, dtype=torch.float64, momentum=0.75)  # binary fractions: no rounding anywhere
+    table.push(torch.tensor([0, 1]), rows([8], [-4]))
+    table.push(torch.tensor([0]), rows([16]))
+    assert table.emb.dtype == torch.float64
+    assert table.emb[:, 0].tolist() == [0.75 * 0.25 * 8 + 0.25 * 16, 0.25 * -4] == [5.5, -1.0]
+
+
+def test_push_detaches_and_casts_and_pull_returns_a_copy():
+    table = History(3, 2, dtype=torch.float64)
+    value = rows([1.5, 2.5]).requires_grad_(True) * 2  # part of an autograd graph
+    table.push(torch.tensor([1]), value)
+    assert table.emb.dtype == torch.float64 and not table.emb.requires_grad and table.emb.grad_fn is None
+    assert table.emb[1].tolist() == [3.0, 5.0]
+    pulled = table.pull(torch.tensor([1]))
+    assert pulled.dtype == torch.float64 and not pulled.requires_grad
+    pulled.add_(100)  # writing the pulled rows leaves the table alone
+    assert table.emb[1].tolist() == [3.0, 5.0]
+
+
+def test_push_in_bfloat16_rounds_the_value_before_the_average():
+    table = History(1, 1, dtype=torch.bfloat16, momentum=0.5)
+    table.push(torch.tensor([0]), rows([1 + 2 ** -10]))  # rounds to 1 in bfloat16 (8 bits of mantissa)
+    assert table.emb.dtype == torch.bfloat16 and table.emb.item() == 0.5
+
+
+def test_the_table_lives_on_the_requested_device_and_follows_module_to():
+    assert History(2, 2, device="meta").emb.device.type == "meta"
+    table = History(2, 2, device="cpu")
+    table.push(torch.tensor([0]), rows([1, 2]))
+    table.to(torch.float64)
+    assert table.emb.dtype == torch.float64 and table.emb[0].tolist() == [1.0, 2.0]
+
+
+def test_refresh_overwrites_every_row_and_returns_the_relative_drift():
+    table = History(2, 2, momentum=0.9)  # a refresh is exact: it ignores the momentum
+    table.push(torch.tensor([0]), rows([30, 0]))  # row 0 = [3, 0]
+    drift = table.refresh(rows([0, 4], [0, 0]))
+    assert drift == pytest.approx(5 / 4)  # ||[3, -4]|| / ||[0, 4]||
+    assert torch.equal(table.emb, rows([0, 4], [0, 0]))
+    assert table.refresh(rows([0, 4], [0, 0])) == 0.0  # already exact
+    assert table.refresh(rows([0, 0], [0, 0])) == 0.0  # zero target: drift 0 by convention, not 0 / 0
+    assert torch.equal(table.emb, torch.zeros(2, 2))
+
+
+def test_reset_zeros_the_table():
+    table = History(3, 2)
+    table.push(torch.tensor([0, 2]), rows([1, 1], [2, 2]))
+    table.reset()
+    assert torch.equal(table.emb, torch.zeros(3, 2)) and table.emb.shape == (3, 2)
+
+
+# ------------------------------------------------------------------------------------------ HaloGradients
+
+
+def test_halo_gradient_tables_start_at_zero_and_are_not_checkpointed():
+    grads = HaloGradients(4, 2)
+    assert torch.equal(grads.collected, torch.zeros(4, 2)) and torch.equal(grads.applied, torch.zeros(4, 2))
+    assert grads.state_dict() == {}
+
+
+def test_collect_sums_the_halo_rows_gradient_per_node_and_cuts_the_graph():
+    grads = HaloGradients(4, 2)
+    source = rows([1, 1], [1, 1], [1, 1]).requires_grad_(True)
+    halo = grads.collect(source * 3, torch.tensor([2, 0, 2]))  # node 2 appears twice
+    assert halo.is_leaf and halo.requires_grad and torch.equal(halo, rows([3, 3], [3, 3], [3, 3]))
+    (halo * rows([1, 2], [3, 4], [5, 6])).sum().backward()
+    assert torch.equal(grads.collected, rows([3, 4], [0, 0], [6, 8], [0, 0]))
+    assert source.grad is None  # the halo's owner gets the gradient next epoch, not through this graph
+    # a second chunk's halo adds to the same epoch's sums
+    (grads.collect(rows([0, 0]), torch.tensor([2])) * rows([10, 10])).sum().backward()
+    assert torch.equal(grads.collected, rows([3, 4], [0, 0], [16, 18], [0, 0]))
+    assert torch.equal(grads.applied, torch.zeros(4, 2))  # nothing is applied in the epoch it was collected
+
+
+def test_collect_casts_the_gradient_to_the_table_dtype():
+    grads = HaloGradients(2, 1)
+    halo = grads.collect(torch.tensor([[2.0]], dtype=torch.float64), torch.tensor([1]))
+    (halo * 0.25).sum().backward()
+    assert grads.collected.dtype == torch.float32 and grads.collected[:, 0].tolist() == [0.0, 0.25]
+
+
+def test_applied_gradients_are_last_epochs_collected_ones_added_to_the_owners_gradient():
+    grads = HaloGradients(3, 2)
+    (grads.collect(rows([0, 0], [0, 0]), torch.tensor([0, 2])) * rows([1, 2], [3, 4])).sum().backward()
+
+    def owner_grad(index, upstream):
+        h = rows(*[[1.0, 1.0]] * len(index)).requires_grad_(True)
+        out = grads.apply(h, torch.tensor(index))
+        assert torch.equal(out, h.detach())  # the forward value is unchanged
+        (out * upstream).sum().backward()
+        return h.grad
+
+    # epoch 0: nothing applied yet
+    assert torch.equal(owner_grad([2, 0], rows([1, 1], [1, 1])), rows([1, 1], [1, 1]))
+    grads.next_epoch()  # epoch 1: last epoch's sums are applied, collection starts over
+    assert torch.equal(grads.applied, rows([1, 2], [0, 0], [3, 4]))
+    assert torch.equal(grads.collected, torch.zeros(3, 2))
+    assert torch.equal(owner_grad([2, 1, 0], rows([1, 1], [1, 1], [-1, 0])), rows([4, 5], [1, 1], [0, 2]))
+    assert torch.equal(owner_grad([2, 2], rows([0, 0], [0, 0])), rows([3, 4], [3, 4]))  # per row, repeats too
+    grads.next_epoch()  # epoch 2: nothing was collected in epoch 1, so nothing is applied
+    assert torch.equal(grads.applied, torch.zeros(3, 2))
+
+
+def test_applied_gradient_follows_the_gradient_dtype():
+    grads = HaloGradients(1, 1)
+    (grads.collect(rows([0]), torch.tensor([0])) * 0.5).sum().backward()
+    grads.next_epoch()
+    h = torch.tensor([[1.0]], dtype=torch.float64, requires_grad=True)
+    (grads.apply(h, torch.tensor([0])) * 2).sum().backward()
+    assert h.grad.dtype == torch.float64 and h.grad.item() == 2.5

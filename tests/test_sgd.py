@@ -1,0 +1,107 @@
+"""Plain-SGD parameter comparisons for the cases ``test_exactness.py::test_sgd_parameters_equal_the_reference``
+does not cover: the multi-stage schedules, hybrid parallelism, moving-average history tables and stale halo
+gradients.
+
+Adam divides every step by the gradient's running scale, so a gradient that is wrong by a constant factor (one
+stage's gradients doubled, say) trains almost exactly like the right one and a loss comparison misses it. Plain SGD
+(no momentum, no clipping) moves each parameter by ``lr`` times its gradient: after a few steps the parameters
+equal those of the independent single-process reference (``tests/reference.py``) only if every gradient was right.
+Each test also asserts that every parameter moved in the reference (a parameter that does not train cannot show
+a wrong step) and, where an option changes training, that the option's reference differs from the reference
+without it by far more than the tolerance (the test can tell the option from its absence).
+"""
+
+from pathlib import Path
+from typing import Dict
+
+import pytest
+import torch
+
+from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule
+from lightning_gnnpipe.pipeline.schedule import MULTI_STAGE_SCHEDULES
+from tests.helpers import MetricRecorder, fit, sbm_graph
+from tests.reference import chunked_reference
+from tests.test_exactness import SaveWeights, SGDChunkLossGCN, _trained
+
+EPOCHS = 4
+MODEL = (16, 32, 4, 4)  # in, hidden, 4 GCN layers (one per stage with 2 ranks x 2 stages), classes
+LR = 0.5
+ATOL = 1e-6  # the largest error seen is 3e-8 (float32 summation order)
+MOVED = 1e-3  # every parameter moves more than this in the reference
+DISTINCT = 1e-4  # an option's reference differs from the one without it by more than this (100 x ATOL)
+
+State = Dict[str, torch.Tensor]
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return sbm_graph(num_nodes=300)
+
+
+def reference_weights(graph, plan, **options) -> State:
+    """Parameters after ``EPOCHS`` SGD steps of :func:`chunked_reference` with ``options``."""
+    module = SGDChunkLossGCN(*MODEL, lr=LR)
+    chunked_reference(module, graph, plan, EPOCHS, **options)
+    return module.state_dict()
+
+
+def trained_weights(directory: Path, dm, devices: int, strategy) -> State:
+    """Parameters after ``EPOCHS`` SGD steps with ``strategy`` on ``devices`` forked ranks (collective checkpoint)."""
+    fit(str(directory), SGDChunkLossGCN(*MODEL, lr=LR), dm, devices=devices, strategy=strategy, epochs=EPOCHS,
+        limit_val_batches=0, callbacks=[MetricRecorder(str(directory)), SaveWeights(directory / "weights.ckpt")])
+    return _trained(directory / "weights.ckpt")
+
+
+def largest_difference(a: State, b: State) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def assert_equal_to_reference(trained: State, expected: State) -> None:
+    """``trained`` equals ``expected`` within ``ATOL``, every parameter of ``expected`` having moved > ``MOVED``."""
+    start = SGDChunkLossGCN(*MODEL, lr=LR).state_dict()
+    moved = {k: float((v - start[k]).abs().max()) for k, v in expected.items()}
+    assert min(moved.values()) > MOVED, f"parameters that barely train in the reference: {moved}"
+    assert set(trained) == set(expected)
+    errors = {k: float((trained[k] - v).abs().max()) for k, v in expected.items()}
+    assert max(errors.values()) <= ATOL, f"largest |trained - reference| per parameter: {errors}"
+
+
+@pytest.mark.parametrize("schedule", sorted(MULTI_STAGE_SCHEDULES))
+def test_multi_stage_schedules_sgd_parameters_equal_the_reference(tmp_path, graph, schedule):
+    """2 ranks x 2 stages per rank (4 one-layer stages; zbv: the last on rank 0), K = 4: the chunked reference."""
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+    expected = reference_weights(graph, dm.plan)
+    trained = trained_weights(tmp_path, dm, 2, GNNPipeStrategy(schedule=schedule, stages_per_rank=2))
+    assert_equal_to_reference(trained, expected)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_hybrid_sgd_parameters_equal_the_reference(tmp_path, graph, schedule):
+    """2 stages x 2 partitions (4 ranks), K = 8: the hybrid rule (a slot's chunks read each other live)."""
+    dm = GraphChunkDataModule(graph, num_chunks=8, num_parts=2)
+    expected = reference_weights(graph, dm.plan, num_parts=2)
+    assert largest_difference(expected, reference_weights(graph, dm.plan)) > DISTINCT  # not the pipeline rule
+    trained = trained_weights(tmp_path, dm, 4, GNNPipeStrategy(graph_parallel_size=2, schedule=schedule))
+    assert_equal_to_reference(trained, expected)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_history_momentum_sgd_parameters_equal_the_reference(tmp_path, graph, schedule):
+    """Tables written as ``m * old + (1 - m) * new`` with m = 0.9 (0.5 would not tell m from 1 - m)."""
+    m = 0.9
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+    expected = reference_weights(graph, dm.plan, momentum=m)
+    for other in (0.0, 1 - m):
+        assert largest_difference(expected, reference_weights(graph, dm.plan, momentum=other)) > DISTINCT, other
+    trained = trained_weights(tmp_path, dm, 2, GNNPipeStrategy(schedule=schedule, history_momentum=m))
+    assert_equal_to_reference(trained, expected)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_stale_halo_gradients_sgd_parameters_equal_the_reference(tmp_path, graph, schedule):
+    """``halo_gradients="stale"``: the gradient reaching halo rows in epoch e is added to the owners' in e + 1."""
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+    expected = reference_weights(graph, dm.plan, stale_halo_grads=True)
+    assert largest_difference(expected, reference_weights(graph, dm.plan)) > DISTINCT  # not the detached halos
+    trained = trained_weights(tmp_path, dm, 2, GNNPipeStrategy(schedule=schedule, halo_gradients="stale"))
+    assert_equal_to_reference(trained, expected)
