@@ -37,13 +37,19 @@ def test_custom_model_check_snippet_passes_on_the_example(cora, one_thread):
         exec(compile(check[0], "check.py", "exec"), {"model": model, "data": cora})
 
 
-def test_custom_model_example_trains(tmp_path):
-    script = tmp_path / "custom_gnn.py"
-    script.write_text(example("custom_models.md", "custom_gnn.py"))
+def run_script(tmp_path, name, code):
+    """Write ``code`` to ``tmp_path/name`` and run it with the repository importable; assert it exits 0."""
+    script = tmp_path / name
+    script.write_text(code)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+def test_custom_model_example_trains(tmp_path):
+    run = run_script(tmp_path, "custom_gnn.py", example("custom_models.md", "custom_gnn.py"))
     assert "balance='time'" in run.stdout + run.stderr
     acc = float(re.search(r"test accuracy: ([0-9.]+)", run.stdout).group(1))
     print(f"custom_gnn.py: test accuracy {acc:.4f}")
@@ -53,13 +59,54 @@ def test_custom_model_example_trains(tmp_path):
 def test_quickstart_runs_as_written(tmp_path):
     code = python_blocks("quickstart.md")[0]
     assert "max_epochs=100" in code
-    script = tmp_path / "quickstart.py"
-    script.write_text(code.replace("max_epochs=100)", "max_epochs=2, logger=False, enable_checkpointing=False)"))
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = run_script(tmp_path, "quickstart.py",
+                     code.replace("max_epochs=100)", "max_epochs=2, logger=False, enable_checkpointing=False)"))
     assert "stage -> layers [[0, 1, 2, 3], [4, 5, 6, 7]]" in run.stdout + run.stderr
+
+
+def test_readme_quick_start_runs_as_written(tmp_path):
+    """The first python block of README.md, the two-change snippet, runs as written (2 epochs instead of 100)."""
+    code = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)[0]
+    assert "max_epochs=100," in code and "GNNPipeStrategy()" in code
+    run = run_script(tmp_path, "readme_quick_start.py",
+                     code.replace("max_epochs=100,", "max_epochs=2, logger=False, enable_checkpointing=False,"))
+    assert "stage -> layers [[0, 1, 2, 3], [4, 5, 6, 7]]" in run.stdout + run.stderr
+
+
+MARKDOWN = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def _without_code_blocks(text: str) -> str:
+    return re.sub(r"```.*?```", "", text, flags=re.S)
+
+
+def _anchors(text: str) -> set:
+    """GitHub's heading anchors: lower case, punctuation dropped, each space a hyphen, repeats numbered."""
+    anchors, seen = set(), {}
+    for line in _without_code_blocks(text).splitlines():
+        heading = re.match(r"#{1,6}\s+(.*)", line)
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def test_relative_links_resolve():
+    """Every relative link of README.md, CONTRIBUTING.md and docs/ names a file that exists, and its #anchor a heading."""
+    broken = []
+    for page in MARKDOWN:
+        text = re.sub(r"`[^`\n]*`", "", _without_code_blocks(page.read_text()))
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in _anchors(file.read_text()):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
 
 
 def test_api_reference_matches_the_docstrings():
