@@ -27,15 +27,17 @@ from torch import Tensor
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph
 
 
-def chunk_has_labels(batch: Any, nodes: Tensor) -> bool:
-    """Return whether ``batch.train_mask`` selects any of ``nodes`` (``True`` without a mask).
+def labelled_chunks(batch: Any, nodes: List[Tensor]) -> List[bool]:
+    """Return, per chunk, whether ``batch.train_mask`` selects any of its ``nodes`` (all ``True`` without a mask).
 
-    A chunk without training nodes still runs forward and backward (the pipeline needs every
-    micro-batch), but its loss term is exactly zero instead of the user hook's result, which is
-    NaN for a mean over no nodes.
+    One host read for all chunks (not one device sync per chunk). A chunk without training nodes still runs forward
+    and backward (the pipeline needs every micro-batch), but its loss term is exactly zero instead of the user
+    hook's result, which is NaN for a mean over no nodes.
     """
     mask = getattr(batch, "train_mask", None)
-    return not isinstance(mask, Tensor) or bool(mask[nodes].any())
+    if not isinstance(mask, Tensor):
+        return [True] * len(nodes)
+    return torch.stack([mask[n.to(mask.device)].any() for n in nodes]).tolist()
 
 
 class _DeferredOutputGrad(torch.autograd.Function):

@@ -21,7 +21,7 @@ from torch import Tensor
 from lightning_gnnpipe.history.lifecycle import HistoryLifecycle
 from lightning_gnnpipe.nn.stack import LayerStack
 from lightning_gnnpipe.pipeline.balance import check_balance, stage_layers
-from lightning_gnnpipe.pipeline.loss import chunk_has_labels
+from lightning_gnnpipe.pipeline.loss import labelled_chunks
 from lightning_gnnpipe.pipeline.runtime import PipelineRuntime, RankLayout, check_stage_widths
 from lightning_gnnpipe.strategy.base import WholeGraphStrategy
 from lightning_gnnpipe.strategy.checkpoint import PipelineCheckpointHooks, restore_history
@@ -141,6 +141,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         self._resume_state: Optional[Dict[str, Any]] = None
         self._owners: Dict[int, int] = {}
         self._layers: List[List[int]] = []  # layers of every rank of the pipeline (S lists)
+        self._labelled: Optional[List[bool]] = None  # per chunk: has training nodes (this step)
 
     # ------------------------------------------------------------------ layout
     @property
@@ -241,6 +242,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         assert self._runtime is not None and self._history is not None and self._stack is not None
         lm, batch = self.lightning_module, args[0]
         self._begin_step()
+        self._labelled = None
         self._history.before_epoch(lm.trainer.current_epoch,
                                    lambda name, value: lm.log(name, value, batch_size=1, on_step=False, on_epoch=True))
         with self.precision_plugin.train_step_context():
@@ -260,10 +262,12 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
 
     def _chunk_loss(self, out: Tensor, c: int, batch: Any) -> Tensor:
         assert self._runtime is not None
-        nodes = self._runtime.stages[-1].graph.nodes[c]
-        if not chunk_has_labels(batch, nodes):
+        nodes = self._runtime.stages[-1].graph.nodes
+        if self._labelled is None:  # once per step
+            self._labelled = labelled_chunks(batch, nodes)
+        if not self._labelled[c]:
             return out.sum() * 0.0  # the chunk still runs forward and backward, and adds exactly zero
-        return getattr(self.lightning_module, CHUNK_LOSS_HOOK)(out, batch, nodes)
+        return getattr(self.lightning_module, CHUNK_LOSS_HOOK)(out, batch, nodes[c])
 
     def full_logits(self) -> Tensor:
         assert self._runtime is not None
