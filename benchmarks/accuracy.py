@@ -1,6 +1,6 @@
 """Accuracy of GNNPipe's chunked training against exact full-graph training.
 
-    python benchmarks/accuracy.py --out docs/results     # docs/results/accuracy.md and the PNG, from the cache
+    python benchmarks/accuracy.py --out docs/results/notes  # docs/results/notes/accuracy.md and the PNG, from the cache
     python benchmarks/accuracy.py --datasets Cora --models resgcn8 --seeds 0 --epochs 50   # a quick look
 
 Result cache: every finished run (dataset, model, mode, seed, epochs, lr, weight decay) is appended as one JSON line to
@@ -97,7 +97,7 @@ TRAIN_REFRESH = {"pipe-K8-refresh1-train"}
 TABLE_MODES = ["exact", "pipe-K4-plain", "pipe-K8-plain", "pipe-K8-default"]
 STUDY_MODES = ["exact", "pipe-K8-default", "pipe-K8-refresh10", "pipe-K8-momentum", "pipe-K8-halograd"]
 
-# The published matrix (docs/results/accuracy.md): dataset -> models in the main table ...
+# The published matrix (docs/results/notes/accuracy.md): dataset -> models in the main table ...
 TABLE: Dict[str, List[str]] = {
     "Cora": ["resgcn4", "resgcn8", "resgcn16", "sage8", "gat4", "gcnii16", "gcnii32"],
     "CiteSeer": ["resgcn4", "resgcn8", "resgcn16", "sage8", "gat4", "gcnii16", "gcnii32"],
@@ -481,7 +481,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--cache", default=CACHE, help="JSON-lines file of finished runs (default: %(default)s)")
     p.add_argument("--no-cache", action="store_true", help="recompute every run (the new lines win in the cache)")
-    p.add_argument("--out", default=None, help="refresh <out>/accuracy.md and write the PNG (e.g. docs/results)")
+    p.add_argument("--out", default=None, help="refresh <out>/accuracy.md and write the PNG (e.g. docs/results/notes)")
     args = p.parse_args()
     per_dataset = parse_epochs(args.dataset_epochs)
     args.epochs_of = lambda dataset: per_dataset.get(dataset, args.epochs)

@@ -1,6 +1,6 @@
 """How far the chunked gradient is from the exact full-graph gradient, at the same weights.
 
-    python benchmarks/halo_gradient.py --out docs/results    # the "Gradient" block of docs/results/accuracy.md
+    python benchmarks/halo_gradient.py --out docs/results/notes  # the "Gradient" block of docs/results/notes/accuracy.md
     python benchmarks/halo_gradient.py --datasets Cora --models resgcn8 --seeds 0    # a quick look
 
 A diagnostic for the accuracy table (``benchmarks/accuracy.py``), not a timed benchmark. For one set of weights
