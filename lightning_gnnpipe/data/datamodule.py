@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional, Tuple
 
 from lightning.pytorch import LightningDataModule
@@ -33,8 +34,9 @@ class GraphChunkDataModule(LightningDataModule):
     spawned workers with the DataModule.
 
     Args:
-        data: The graph (on any device: a graph on a GPU is copied to the CPU, where METIS and the plan run;
-            the strategy moves what each stage needs to its device). Needs ``x`` ``(|V|, F)`` and ``edge_index`` ``(2, |E|)``; ``y`` and the
+        data: The graph, on any device (a graph on a GPU is copied to the CPU, where METIS and the plan run; the
+            strategy moves what each stage needs to its device; the caller's object is left as it is). Needs
+            ``x`` ``(|V|, F)`` and ``edge_index`` ``(2, |E|)``; ``y`` and the
             boolean masks ``train_mask``/``val_mask``/``test_mask`` ``(|V|,)`` are optional.
         num_chunks: Number of chunks ``K`` (pipeline micro-batches per step), ``1 <= K <= |V|``.
         part: Optional chunk id per node ``(|V|,)``, ``torch.long`` in ``[0, K)``, every chunk
@@ -56,7 +58,8 @@ class GraphChunkDataModule(LightningDataModule):
     def __init__(self, data: Data, num_chunks: int = 8, part: Optional[Tensor] = None,
                  chunk_order: str = "greedy", num_parts: int = 1) -> None:
         super().__init__()
-        data = data.cpu()  # a no-op for a graph already on the CPU
+        if any(isinstance(v, Tensor) and v.device.type != "cpu" for _, v in data):
+            data = copy.copy(data).cpu()  # shallow: CPU tensors are shared; the caller's Data is not moved
         validate_graph(data)
         self.num_chunks = validate_num_chunks(num_chunks, data.num_nodes)
         self.num_parts = validate_num_parts(num_parts, self.num_chunks)
