@@ -14,8 +14,8 @@ from typing import Dict, List, Optional, Tuple
 
 GIB = 2**30
 MODES = ["pyg_edge_index", "pyg_csr", "trainer_single", "gnnpipe_k8", "gnnpipe_k16", "gnnpipe_1f1b_k8",
-         "graph_parallel"]
-GNNPIPE = ("gnnpipe_k8", "gnnpipe_k16", "gnnpipe_1f1b_k8")
+         "gnnpipe_ckpt_k8", "gnnpipe_1f1b_ckpt_k8", "graph_parallel"]
+GNNPIPE = ("gnnpipe_k8", "gnnpipe_k16", "gnnpipe_1f1b_k8", "gnnpipe_ckpt_k8", "gnnpipe_1f1b_ckpt_k8")
 Rung = Tuple[int, str, int, str]  # nodes, model, layers, mode
 TARGETS = [  # (column, short header, limit, "<=" or ">=", meaning)
     ("time_csr", "GNNPipe ÷ CSR time", 1.0, "<=", "epoch time of GNNPipe over the CSR single-process baseline"),
@@ -71,9 +71,16 @@ def best_gnnpipe(runs: Dict[Rung, dict], nodes: int, model: str, layers: int) ->
     return min(found, key=lambda r: r["epoch_s"]) if found else None
 
 
+def leanest_gnnpipe(runs: Dict[Rung, dict], nodes: int, model: str, layers: int) -> Optional[dict]:
+    """The measured GNNPipe run of a rung whose largest rank peaked lowest (RSS)."""
+    found = [runs[(nodes, model, layers, m)] for m in GNNPIPE if ok(runs.get((nodes, model, layers, m)))]
+    return min(found, key=lambda r: largest_proc_rss(r) or 0) if found else None
+
+
 def target_values(runs: Dict[Rung, dict], nodes: int, model: str, layers: int) -> Dict[str, Optional[float]]:
-    """The five target ratios of one (nodes, model, layers), ``None`` where a side is missing or failed."""
-    pipe = best_gnnpipe(runs, nodes, model, layers)
+    """The five target ratios of one (nodes, model, layers), ``None`` where a side is missing or failed: times of
+    the fastest GNNPipe run, memory of the leanest."""
+    pipe, lean = best_gnnpipe(runs, nodes, model, layers), leanest_gnnpipe(runs, nodes, model, layers)
     get = {m: runs.get((nodes, model, layers, m)) for m in MODES}
     csr, edge, gp = (get[m] if ok(get[m]) else None for m in ("pyg_csr", "pyg_edge_index", "graph_parallel"))
     if pipe is None:
@@ -81,8 +88,8 @@ def target_values(runs: Dict[Rung, dict], nodes: int, model: str, layers: int) -
     return {"time_csr": ratio(pipe["epoch_s"], csr and csr["epoch_s"]),
             "time_edge": ratio(pipe["epoch_s"], edge and edge["epoch_s"]),
             "time_gp": ratio(gp and gp["epoch_s"], pipe["epoch_s"]),
-            "mem_rank": ratio(largest_proc_rss(pipe), csr and largest_proc_rss(csr)),
-            "mem_machine": ratio(machine_delta(pipe), csr and machine_delta(csr))}
+            "mem_rank": ratio(largest_proc_rss(lean), csr and largest_proc_rss(csr)),
+            "mem_machine": ratio(machine_delta(lean), csr and machine_delta(csr))}
 
 
 def judge(column: str, value: Optional[float], layers: int) -> Optional[bool]:
@@ -111,21 +118,21 @@ def planner_cell(runs: Dict[Rung, dict], nodes: int, model: str, layers: int) ->
 def targets_table(runs: Dict[Rung, dict], model: str, nodes_list: List[int], layers_list: List[int]) -> List[str]:
     """One row per (nodes, layers) of a model: the five ratios, ✓ / ✗ against the targets, and the planner."""
     head = " | ".join(f"{d} ({'≤' if op == '<=' else '≥'} {lim})" for _, d, lim, op, _ in TARGETS)
-    lines = [f"| nodes | L | GNNPipe K | {head} | planner |", "|---" * (len(TARGETS) + 4) + "|"]
+    lines = [f"| nodes | L | fastest GNNPipe | {head} | leanest GNNPipe | planner |", "|---" * (len(TARGETS) + 5) + "|"]
     for nodes in nodes_list:
         for layers in layers_list:
             if not any(k[:3] == (nodes, model, layers) for k in runs):
                 continue
-            pipe = best_gnnpipe(runs, nodes, model, layers)
+            pipe, lean = best_gnnpipe(runs, nodes, model, layers), leanest_gnnpipe(runs, nodes, model, layers)
             values = target_values(runs, nodes, model, layers)
             cells = []
             for col, *_ in TARGETS:
                 verdict = judge(col, values[col], layers)
                 mark = "" if verdict is None else (" ✓" if verdict else " ✗")
                 cells.append(fmt_ratio(values[col]) + mark)
-            k = pipe["mode"].split("_k")[1] if pipe else "not run"
-            lines.append(f"| {nodes:,} | {layers} | {k} | " + " | ".join(cells)
-                         + f" | {planner_cell(runs, nodes, model, layers)} |")
+            fast, thin = (r["mode"] if r else "not run" for r in (pipe, lean))
+            lines.append(f"| {nodes:,} | {layers} | {fast} | " + " | ".join(cells)
+                         + f" | {thin} | {planner_cell(runs, nodes, model, layers)} |")
     return lines
 
 
@@ -220,7 +227,7 @@ def setup_section(records: List[dict], meta: dict) -> List[str]:
     vers = sorted({", ".join(f"{k} {v}" for k, v in r["versions"].items()) for r in records if r.get("versions")})
     commits = sorted({f"{r['git']['commit']}{' (dirty tree)' if r['git'].get('dirty') else ''}"
                       for r in records if r.get("git")})
-    commands = sorted({"python benchmarks/scale.py " + " ".join(r["argv"]) for r in records if "argv" in r})
+    commands = sorted({"python benchmarks/scale.py " + " ".join(portable(r["argv"])) for r in records if "argv" in r})
     loads = [r["host"][k] for r in records for k in ("load_before", "load_after") if r.get("host", {}).get(k) is not None]
     return ["## Setup", "",
             "Reproduce (measures only the rungs missing from the cache, then rewrites this page):", "",
@@ -230,6 +237,19 @@ def setup_section(records: List[dict], meta: dict) -> List[str]:
             f"{min(loads):.1f}–{max(loads):.1f}." if loads else f"Machine: {'; '.join(hosts) or '–'}.",
             f"Software: {'; '.join(vers) or '–'}. Package commit(s): {', '.join(commits) or '–'}.", "",
             meta["description"], ""]
+
+
+def portable(argv: List[str]) -> List[str]:
+    """A run's arguments without where its cache and page went (``--cache``, ``--out``) and without ``--force``."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--cache", "--out"):
+            skip = True
+        elif a != "--force":
+            out.append(a)
+    return out
 
 
 def short(n: int) -> str:
@@ -287,8 +307,8 @@ def render(records: List[dict], ladder: Dict[Rung, str], meta: dict) -> Tuple[st
     nodes_list = sorted({k[0] for k in keys})
     layers_list = sorted({k[2] for k in keys})
     out = [f"# {meta['title']}", "", answer(runs, models, nodes_list, layers_list), "",
-           "Targets, per model: ratios of the fastest GNNPipe run (S = 2; GPipe with K = 8 or 16, or 1F1B with "
-           "K = 8) to the baselines; ✓ / ✗ against "
+           "Targets, per model: time ratios of the fastest GNNPipe run and memory ratios of the leanest (S = 2; "
+           "GPipe with K = 8 or 16, 1F1B with K = 8, either with recomputation, `_ckpt`) to the baselines; ✓ / ✗ against "
            "the target, – where a side is not measured or failed. The planner column is the package planner's "
            "recommendation for 2 processes beside the measured fastest 2-process mode.", ""]
     legend = "; ".join(f"**{d}**: {meaning}" for _, d, _, _, meaning in TARGETS)
@@ -306,6 +326,7 @@ def render(records: List[dict], ladder: Dict[Rung, str], meta: dict) -> Tuple[st
     if missing:
         out += [f"Not measured yet (no mode run): {', '.join(missing)} nodes; see the detail tables.", ""]
     out += time_split(runs)
+    out += memory_split(runs)
     out += setup_section(records, meta)
     out += ["## Detail", ""]
     for model in models:
@@ -344,6 +365,30 @@ def time_split(runs: Dict[Rung, dict]) -> List[str]:
             "Before/after measurements of the kernels: [notes/scale_time.md](notes/scale_time.md).", "",
             "| model | L | nodes | mode | epoch s | step s | compute s | bubble s | wait s | GiB sent | load |",
             "|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+
+
+def memory_split(runs: Dict[Rung, dict]) -> List[str]:
+    """Where a 2-process run's memory goes, per rank, from the breakdown the worker records at the last epoch."""
+    rows = []
+    for key in sorted(runs):
+        rec = runs[key]
+        for r, b in enumerate(rec.get("breakdown") or [] if ok(rec) else []):
+            kept, now, peak, trim = (b.get(k) or {} for k in ("kept_bytes", "now_bytes", "peak_bytes", "trimmed_bytes"))
+            cells = [gib(kept.get(k)) for k in ("history", "chunk_graph", "data")]
+            cells += [gib(now.get("uss")), gib(trim.get("uss")), gib(peak.get("uss")), gib(peak.get("rss"))]
+            rows.append(f"| {rec['model']} | {rec['layers']} | {rec['nodes']:,} | {rec['mode']} | {r} | "
+                        + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    return ["## Where the memory goes", "",
+            "Per rank at the end of the last epoch (GiB): the history tables and chunk graphs it keeps, the graph the "
+            "DataModule holds (shared memory under spawn, counted in RSS, not in USS), its USS then, its USS after "
+            "glibc's `malloc_trim(0)` (free heap memory returned), and the peaks of USS and RSS since the rank started. "
+            "What the kept tensors do not explain is the interpreter (about 0.35 GiB of USS), the pipeline's "
+            "send/receive buffers, and at the peak the activations of the chunks in flight. Discussion and "
+            "before/after figures: [notes/memory.md](notes/memory.md).", "",
+            "| model | L | nodes | mode | rank | tables | chunk graphs | data (shared) | USS | USS trimmed | "
+            "peak USS | peak RSS |", "|---" * 12 + "|", *rows, ""]
 
 
 def median_bandwidth(records: List[dict]) -> Optional[float]:

@@ -9,9 +9,15 @@
 * ``trainer_single``: ``Trainer(devices=1)`` on :class:`ScaleModule`, ``GraphChunkDataModule(num_chunks=1)``;
 * ``gnnpipe_k8`` / ``gnnpipe_k16``: ``Trainer(devices=2, strategy=GNNPipeStrategy())``, ``num_chunks`` 8 / 16;
 * ``gnnpipe_1f1b_k8``: the same with ``schedule="1f1b"`` (at most about ``S`` chunks' activations alive), K = 8;
+* ``gnnpipe_ckpt_k8`` / ``gnnpipe_1f1b_ckpt_k8``: GPipe / 1F1B, K = 8, ``activation_checkpointing=True``;
 * ``graph_parallel``: ``Trainer(devices=2, strategy=GraphParallelStrategy())``, ``num_chunks=2``;
 * ``planner``: no training; the package planner's estimates for this graph and model (``spec["planner"]``
   holds the measured per-layer seconds and bandwidth it needs).
+
+Optional ``strategy_kwargs``: more options of the 2-process modes' strategy, e.g. ``{"heap_mmap_threshold": null}``
+(glibc's dynamic heap threshold instead of the strategies' 16 MiB). 2-process runs also record, per rank at the end
+of the last epoch, the bytes it keeps by kind (:mod:`scale_breakdown`) and its USS / PSS / RSS then, at the peak and
+after ``malloc_trim(0)`` (``result["breakdown"]``).
 
 Writes ``RUN_DIR/result.json`` (epoch seconds, bytes sent per epoch, losses, setup seconds, versions) and, from
 every process, ``RUN_DIR/mem_<role>.json`` (peak memory, :class:`scale_memory.MemorySampler`).
@@ -19,6 +25,7 @@ every process, ``RUN_DIR/mem_<role>.json`` (peak memory, :class:`scale_memory.Me
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 import statistics
@@ -27,6 +34,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
+import psutil
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback, Trainer
@@ -39,12 +47,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy  # noqa: E402
+from scale_breakdown import rank_breakdown  # noqa: E402
 from scale_memory import MemorySampler  # noqa: E402
 from tests.helpers import ChunkLossGCN, GNNModule  # noqa: E402  (ordinary PyG LightningModules, as users write them)
 
 THREADS_SINGLE = 2  # intra-op threads of the single-process modes (the machine's 2 cores; spec "threads_single")
 THREADS_RANK = 1  # per process of the 2-process modes
-TWO_PROCESS = {"gnnpipe_k8": 8, "gnnpipe_k16": 16, "gnnpipe_1f1b_k8": 8, "graph_parallel": 2}  # mode -> num_chunks
+TWO_PROCESS = {"gnnpipe_k8": 8, "gnnpipe_k16": 16, "gnnpipe_1f1b_k8": 8, "gnnpipe_ckpt_k8": 8,
+               "gnnpipe_1f1b_ckpt_k8": 8, "graph_parallel": 2}  # mode -> num_chunks
+STRATEGIES = {  # mode -> strategy factory
+    "gnnpipe_k8": GNNPipeStrategy, "gnnpipe_k16": GNNPipeStrategy,
+    "gnnpipe_1f1b_k8": functools.partial(GNNPipeStrategy, schedule="1f1b"),
+    "gnnpipe_ckpt_k8": functools.partial(GNNPipeStrategy, activation_checkpointing=True),
+    "gnnpipe_1f1b_ckpt_k8": functools.partial(GNNPipeStrategy, schedule="1f1b", activation_checkpointing=True),
+    "graph_parallel": GraphParallelStrategy,
+}
 
 
 def sbm(num_nodes: int, num_blocks: int = 64, avg_degree: int = 20, num_features: int = 64, num_classes: int = 8,
@@ -143,6 +160,14 @@ class Probe(Callback):
 
     def on_train_epoch_end(self, trainer, pl_module):
         row = {"epoch_s": time.perf_counter() - self._t0}
+        if self.sampler is not None:  # what this rank keeps, by kind, and its memory now (bytes)
+            row["kept_bytes"] = rank_breakdown(trainer)
+            info = psutil.Process().memory_full_info()
+            row["now_bytes"] = {"uss": int(info.uss), "pss": int(info.pss), "rss": int(info.rss)}
+            row["peak_bytes"] = dict(self.sampler.peak)
+            if trim_heap():  # what of that is free heap memory glibc kept (returned to the OS now)
+                info = psutil.Process().memory_full_info()
+                row["trimmed_bytes"] = {"uss": int(info.uss), "pss": int(info.pss), "rss": int(info.rss)}
         if trainer.global_rank == 0:
             row["metrics"] = {k: float(v) for k, v in trainer.callback_metrics.items()
                               if k.startswith(("comm/", "memory/", "time/", "train_loss"))}
@@ -155,6 +180,14 @@ class Probe(Callback):
     def teardown(self, trainer, pl_module, stage):
         if self.sampler is not None:
             self.sampler.stop()
+
+
+def trim_heap() -> bool:
+    """Return free heap memory to the OS (glibc ``malloc_trim(0)``); ``False`` where there is no glibc."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0) or True)
+    except (OSError, AttributeError):
+        return False
 
 
 def measure_bandwidth(trainer) -> Optional[float]:
@@ -208,11 +241,10 @@ def run_trainer(spec: dict, data: Data, run_dir: Path) -> dict:
     torch.set_num_threads(single)  # the partitioning below runs alone
     t0 = time.perf_counter()
     dm = GraphChunkDataModule(data, num_chunks=chunks)
-    strategy = {"gnnpipe_k8": GNNPipeStrategy, "gnnpipe_k16": GNNPipeStrategy,
-                "gnnpipe_1f1b_k8": functools.partial(GNNPipeStrategy, schedule="1f1b"),
-                "graph_parallel": GraphParallelStrategy}.get(mode)
+    strategy = STRATEGIES.get(mode)
     setup_s = time.perf_counter() - t0
-    trainer = Trainer(accelerator="cpu", devices=devices, strategy=strategy() if strategy else "auto",
+    options = spec.get("strategy_kwargs") or {}  # e.g. {"heap_mmap_threshold": null}: glibc's own heap setting
+    trainer = Trainer(accelerator="cpu", devices=devices, strategy=strategy(**options) if strategy else "auto",
                       max_epochs=spec["epochs"], logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                       limit_val_batches=0, callbacks=[Probe(str(run_dir), threads)])
@@ -225,6 +257,8 @@ def run_trainer(spec: dict, data: Data, run_dir: Path) -> dict:
            "chunks": chunks, "processes": devices, "bandwidth_Bps": ranks[0].get("bandwidth_Bps")}
     if devices > 1:
         out.update(comm_summary(metrics))
+        out["breakdown"] = [{k: r["epochs"][-1][k] for k in ("kept_bytes", "now_bytes", "peak_bytes", "trimmed_bytes")
+                             if k in r["epochs"][-1]} for r in ranks]
     return out
 
 

@@ -8,6 +8,9 @@ from lightning_gnnpipe.comm.accounting import KINDS
 from lightning_gnnpipe.planner.volume import hybrid_volume
 from lightning_gnnpipe.pipeline.split import split_layers
 from lightning_gnnpipe.comm.exchange import build_slot_plans, partition_halos
+from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
+from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
+from lightning_gnnpipe.nn.normalization import norm_keys
 from tests.helpers import ChunkLossGCN, GCNModule, fit, losses, sbm_graph
 from tests.reference import chunked_reference
 
@@ -119,3 +122,37 @@ def test_hybrid_resume_equals_the_uninterrupted_run(tmp_path, graph):
     tables = state["partition_history"]
     assert len(tables) == 2 and sorted(tables[0]) == sorted(tables[1]) == [1, 2, 3]
     assert not torch.equal(tables[0][1], tables[1][1])  # each pipeline holds its own view of the graph
+
+
+def test_hybrid_rank_keeps_its_partition_tables_and_graph(tmp_path, graph):
+    """Each hybrid rank's history tables hold its partition and that partition's halo (not |V|), and its chunk graphs
+    only its partition's chunks: at most 1/G of the pure pipeline's tables plus the halo rows; G = 2 keeps under 0.6x
+    the graph of every chunk (before, both were the full |V| tables and every chunk's graph)."""
+    G, d, layers = 2, 32, 4
+    dm = GraphChunkDataModule(graph, num_chunks=8, num_parts=G)
+    pipe = fit(str(tmp_path / "p"), GCNModule(16, d, 4, layers), GraphChunkDataModule(graph, num_chunks=8), devices=2,
+               strategy=GNNPipeStrategy(), epochs=2)
+    hyb = fit(str(tmp_path / "h"), GCNModule(16, d, 4, layers), dm, devices=4,
+              strategy=GNNPipeStrategy(graph_parallel_size=G), epochs=2)
+    p, h = pipe[0][-1], hyb[0][-1]
+    n = graph.num_nodes
+    # what one rank would keep with every chunk of the same plan (the pure pipeline's graph): CSR operators, ids
+    blocks = find_layer_stack(GCNModule(16, d, 4, layers)).blocks
+    full = build_chunk_graph(dm.plan, graph.edge_index, norm_keys(blocks), torch.device("cpu"),
+                             **chunk_graph_options(blocks))
+    full_graph = full.nbytes() + 8 * sum(a.numel() + b.numel() for a, b in zip(full.nodes, full.halo))
+    # pure pipeline: one |V| x d float32 table per layer >= 1 of the stage (stage 0: layer 1; stage 1: layers 2, 3)
+    assert [p[f"memory/history_bytes/rank{s}"] for s in range(2)] == [1 * n * d * 4, 2 * n * d * 4]
+    halos = partition_halos(dm.plan, G)
+    for rank in range(4):
+        s, g = rank % 2, rank // 2  # global rank g * S + s
+        tables = 1 if s == 0 else 2
+        in_part = int((dm.plan.part % G == g).sum())
+        rows = in_part + halos[g].numel()
+        row_map = 8 * n + 8 * rows  # the stage's |V| -> row map and the row ids (int64), shared by its tables
+        assert h[f"memory/history_bytes/rank{rank}"] == tables * rows * d * 4 + row_map
+        # the partition's share of the pure pipeline's tables (partitions balanced within 1%), plus its halo rows
+        assert in_part <= 1.01 * n / G and rows < n
+        assert tables * rows * d * 4 <= 1.01 * p[f"memory/history_bytes/rank{s}"] / G + tables * halos[g].numel() * d * 4
+        # its partition's half of the edges and halos, plus every chunk's inner ids (10% of the full graph here)
+        assert h[f"memory/graph_bytes/rank{rank}"] <= 0.6 * full_graph

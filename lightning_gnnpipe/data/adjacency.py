@@ -118,10 +118,10 @@ class ChunkAdjacency:
         crow: Row pointers ``(n_inner + 1,)``.
         col: Local source id of every entry, grouped by target row ``(E_c,)``; within a row, entries keep the
             order of the edges in ``edge_index``.
-        perm: Edge id (column of ``edge_index``) of every entry ``(E_c,)``.
+        perm: Edge id (column of ``edge_index``) of every entry ``(E_c,)``; ``None`` once :meth:`compact`.
         t_crow: Row pointers of the transpose ``(n_local + 1,)`` (rows = local sources).
         t_col: Inner target id of every entry of the transpose ``(E_c,)``.
-        t_perm: Position in ``col`` of every entry of the transpose ``(E_c,)``.
+        t_perm: Position in ``col`` of every entry of the transpose ``(E_c,)``; ``None`` once :meth:`compact`.
         weight: Per-edge weights in edge order ``(E_c,)`` (for example full-graph ``gcn_norm`` coefficients), or
             ``None`` for weight 1.
         n_inner: Inner nodes (rows).
@@ -150,6 +150,8 @@ class ChunkAdjacency:
 
     def to(self, device) -> "ChunkAdjacency":
         """Return a copy on ``device`` (cached operators are not carried)."""
+        if self.perm is None:
+            raise RuntimeError("ChunkAdjacency.to: a compacted adjacency cannot be moved; move it before compact().")
         mv = lambda t: None if t is None else t.to(device)  # noqa: E731
         return ChunkAdjacency(mv(self.crow), mv(self.col), mv(self.perm), mv(self.t_crow), mv(self.t_col),
                               mv(self.t_perm), self.n_inner, self.n_local, mv(self.weight))
@@ -175,6 +177,12 @@ class ChunkAdjacency:
         key = (bool(mean), dtype)
         if edge_weight is None and key in self._cache:
             return self._cache[key]
+        if self.perm is None:
+            raise RuntimeError(
+                f"ChunkAdjacency.operator: this adjacency was compacted (ChunkAdjacency.compact) and keeps only the "
+                f"operators {sorted((m, str(d)) for m, d in self._cache)} (mean, dtype); got mean={bool(mean)}, "
+                f"dtype={dtype}, edge_weight={'given' if edge_weight is not None else None}. Build the chunk graph "
+                "without compaction for convs that need other aggregation values.")
         weight = self.weight if edge_weight is None else edge_weight
         if weight is not None and tuple(weight.shape) != (self.num_edges,):
             raise ValueError(f"ChunkAdjacency.operator: edge weights must have shape ({self.num_edges},) "
@@ -195,7 +203,23 @@ class ChunkAdjacency:
 
     def clear_cache(self) -> None:
         """Drop the cached operators (their value arrays)."""
+        if self.perm is None:
+            raise RuntimeError("ChunkAdjacency.clear_cache: a compacted adjacency cannot rebuild its operators.")
         self._cache.clear()
+
+    def compact(self, dtype: torch.dtype = torch.float32, means: Tuple[bool, ...] = (False,)) -> "ChunkAdjacency":
+        """Build the operators ``(mean, dtype)`` for every ``mean`` in ``means``, then drop what only building other
+        operators needs: :attr:`perm`, :attr:`t_perm` and :attr:`weight` (three ``(E_c,)`` arrays, 12 bytes per
+        entry with ``int32`` indices and ``float32`` weights). Afterwards :meth:`operator` returns the cached operators
+        and raises ``RuntimeError`` for any other request (another dtype or ``mean``, or given ``edge_weight``).
+
+        Returns:
+            ``self``.
+        """
+        for mean in means:
+            self.operator(dtype, mean)
+        self.perm = self.t_perm = self.weight = None
+        return self
 
 
 def _row_pointers(rows_sorted: Tensor, n_rows: int) -> Tensor:

@@ -10,7 +10,7 @@ needs the full-graph coefficients (arXiv 2308.10087, Sec. 4.1), so they are comp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -43,7 +43,8 @@ class ChunkGraph:
             full-graph ``gcn_norm`` weights ``((2, E'_c), (E'_c,))``.
         max_chunk_size: ``M``, rows of every padded micro-batch.
         adjacency: Per chunk, the CSR adjacency of ``edge_index[c]`` ``(n_c, n_c + h_c)``
-            (:mod:`~lightning_gnnpipe.data.adjacency`), when built with ``sparse=True``; else ``None``.
+            (:mod:`~lightning_gnnpipe.data.adjacency`), when built with ``sparse=True``; else ``None``. Entries are
+            ``None`` for chunks not built (``chunks``) or without raw adjacency.
         norm_adjacency: Per chunk, per key of ``norm_edges``, the adjacency of the normalised edges
             (values: the full-graph coefficients); ``None`` without ``sparse``.
     """
@@ -60,10 +61,33 @@ class ChunkGraph:
     def num_chunks(self) -> int:
         return len(self.nodes)
 
+    def nbytes(self) -> int:
+        """Bytes of every tensor the chunk graphs hold (ids, edge lists, CSR structures and cached operators), each
+        storage counted once."""
+        tensors: List[Tensor] = [*self.nodes, *self.halo, *self.edge_index]
+        tensors += [t for per in self.norm_edges for pair in per.values() for t in pair]
+        adjacencies = [a for a in (self.adjacency or []) if a is not None]
+        adjacencies += [a for per in (self.norm_adjacency or []) for a in per.values()]
+        for a in adjacencies:
+            tensors += [a.crow, a.col, a.perm, a.t_crow, a.t_col, a.t_perm, a.weight]
+            tensors += [m.values() for op in a._cache.values() for m in (op.adj_t, op.adj)]
+        return storage_bytes(tensors)
+
+
+def storage_bytes(tensors: Iterable[Optional[Tensor]]) -> int:
+    """Bytes of the storages behind ``tensors`` (``None`` skipped), each storage counted once."""
+    seen: Dict[int, int] = {}
+    for t in tensors:
+        if t is not None:
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
 
 def build_chunk_graph(
     plan: ChunkPlan, edge_index: Tensor, norm_keys: Iterable[NormKey], device: torch.device, dtype=torch.float32,
-    sparse: bool = False, raw_adjacency: bool = True, norm_edge_lists: bool = True,
+    sparse: bool = False, raw_adjacency: bool = True, norm_edge_lists: bool = True, compact: bool = False,
+    chunks: Optional[Sequence[int]] = None,
 ) -> ChunkGraph:
     """Slice the graph into chunk-local edge lists.
 
@@ -83,28 +107,45 @@ def build_chunk_graph(
             ``None`` per chunk.
         norm_edge_lists: Keep the normalised edge lists (``False`` when only sparse blocks read the normalisation:
             :attr:`ChunkGraph.norm_edges` then holds empty dicts).
+        compact: With ``sparse`` and neither ``raw_adjacency`` nor ``norm_edge_lists`` (every block is a
+            normalising GCN layer on the sparse path, :func:`~lightning_gnnpipe.nn.chunk_call.chunk_graph_options`):
+            keep only the sum operator of each normalised adjacency (:meth:`ChunkAdjacency.compact
+            <lightning_gnnpipe.data.adjacency.ChunkAdjacency.compact>`) and no raw edge list
+            (:attr:`ChunkGraph.edge_index` then holds empty ``(2, 0)`` tensors).
+        chunks: Build halos and edges of these chunks only (hybrid parallelism: a partition's chunks); every
+            other chunk gets its inner nodes, an empty halo and no edges (adjacencies ``None``). Default: all.
 
     Memory (bytes per local edge, kept): raw edge list 16; normalised edge list 20 per key; each CSR adjacency
-    4 index arrays of 4 (``int32``) or 8 bytes, plus 8 for an operator's values.
+    4 index arrays of 4 (``int32``) or 8 bytes, plus 8 for an operator's values. Compact: 16 per key (``int32``
+    ``col`` and ``t_col``, two ``float32`` value arrays), nothing else per edge.
     """
     edge_index = edge_index.cpu()
-    raw = plan.local_edges(edge_index)
+    mine = set(range(plan.num_chunks)) if chunks is None else {int(c) for c in chunks}
+    empty = edge_index.new_empty(2, 0)
+    raw = [(local, eid) if c in mine else (empty, None) for c, (local, eid) in enumerate(plan.local_edges(edge_index))]
     keys = sorted(set(norm_keys))
     norm: List[Dict[NormKey, Tuple[Tensor, Tensor]]] = [{} for _ in range(plan.num_chunks)]
     for key in keys:
         ei_n, ew_n = full_graph_norm(edge_index, plan.num_nodes, key, dtype)
         for c, (local, eid) in enumerate(plan.local_edges(ei_n)):
-            norm[c][key] = (local.to(device), ew_n[eid].to(device))
+            if c in mine:
+                norm[c][key] = (local.to(device), ew_n[eid].to(device))
+        del ei_n, ew_n
     graph = ChunkGraph(
         nodes=[n.to(device) for n in plan.nodes],
-        halo=[h.to(device) for h in plan.halo],
+        halo=[h.to(device) if c in mine else h[:0].to(device) for c, h in enumerate(plan.halo)],
         edge_index=[local.to(device) for local, _ in raw],
         norm_edges=norm,
         max_chunk_size=plan.max_chunk_size,
     )
+    del raw
     if sparse:
         graph.adjacency, graph.norm_adjacency = [], []
         for c in range(plan.num_chunks):
+            if c not in mine:
+                graph.adjacency.append(None)
+                graph.norm_adjacency.append({})
+                continue
             n_inner = int(plan.nodes[c].numel())
             n_local = n_inner + int(plan.halo[c].numel())
             small = max(n_local, graph.edge_index[c].size(1) + n_local) < 2**31
@@ -114,4 +155,9 @@ def build_chunk_graph(
             graph.norm_adjacency.append(norm_adj)
             if not norm_edge_lists:
                 graph.norm_edges[c] = {}
+            if compact and not raw_adjacency and not norm_edge_lists:
+                agg = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+                for a in norm_adj.values():
+                    a.compact(agg)
+                graph.edge_index[c] = graph.edge_index[c][:, :0].clone()
     return graph

@@ -8,12 +8,14 @@ previous epoch) otherwise. The push/pull names follow GNNAutoScale's ``History``
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor, nn
 
 
 class History(nn.Module):
-    """Table of ``|V|`` rows of width ``channels``, zero until written.
+    """Table of ``|V|`` rows (or of the rows of some nodes, ``node_ids``) of width ``channels``, zero until written.
 
     The table is a non-persistent buffer: it is not part of any ``state_dict`` and never
     requires grad; rows are copied in (``push``) and out (``pull``), so autograd never sees
@@ -26,20 +28,31 @@ class History(nn.Module):
         dtype: Dtype of the table (default: torch's default).
         momentum: Moving-average weight ``m`` of the old rows in :meth:`push`, in ``[0, 1)``
             (0: plain overwrite).
+        node_ids: Only these nodes have rows (sorted global ids ``(R,)``; hybrid parallelism: a partition and its
+            halo), with ``row_of`` ``(|V|,)`` their row (``-1`` elsewhere, shared by the tables of a stage);
+            :meth:`push` and :meth:`pull` still take global ids. ``None``: every node has a row.
 
     Raises:
-        ValueError: If ``momentum`` is not in ``[0, 1)``.
+        ValueError: If ``momentum`` is not in ``[0, 1)``, or ``node_ids`` comes without ``row_of``.
 
     Shapes:
-        ``emb``: ``(|V|, d)``.
+        ``emb``: ``(|V|, d)``, or ``(R, d)`` with ``node_ids``.
     """
 
-    def __init__(self, num_nodes: int, channels: int, device=None, dtype=None, momentum: float = 0.0) -> None:
+    def __init__(self, num_nodes: int, channels: int, device=None, dtype=None, momentum: float = 0.0,
+                 node_ids: Optional[Tensor] = None, row_of: Optional[Tensor] = None) -> None:
         super().__init__()
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"History: `momentum` must be in [0, 1) (got {momentum}). Use 0 for plain tables.")
+        if (node_ids is None) != (row_of is None):
+            raise ValueError("History: pass `node_ids` and `row_of` together (got only one of them).")
         self.momentum = momentum
-        self.register_buffer("emb", torch.zeros(num_nodes, channels, device=device, dtype=dtype), persistent=False)
+        self.node_ids, self.row_of = node_ids, row_of
+        rows = num_nodes if node_ids is None else int(node_ids.numel())
+        self.register_buffer("emb", torch.zeros(rows, channels, device=device, dtype=dtype), persistent=False)
+
+    def _rows(self, index: Tensor) -> Tensor:
+        return index if self.row_of is None else self.row_of[index]
 
     @torch.no_grad()
     def push(self, index: Tensor, value: Tensor) -> None:
@@ -49,21 +62,24 @@ class History(nn.Module):
         smooths historical embeddings across epochs (PipeGCN, Wan et al., ICLR 2022, arXiv 2203.10428).
         """
         value = value.detach().to(self.emb.dtype)
+        index = self._rows(index)
         if self.momentum > 0:
             value = self.momentum * self.emb[index] + (1.0 - self.momentum) * value
         self.emb[index] = value
 
     def pull(self, index: Tensor) -> Tensor:
         """Return a detached copy of rows ``index`` ``(n,)`` as ``(n, d)``."""
-        return self.emb[index]
+        return self.emb[self._rows(index)]
 
     @torch.no_grad()
     def refresh(self, value: Tensor) -> float:
         """Overwrite all rows with exact embeddings ``(|V|, d)``; return the drift before it.
 
-        Drift is ``||old - value|| / ||value||`` (Frobenius norms, unitless): how far the table had moved
-        from the exact embeddings of the current weights.
+        Drift is ``||old - value|| / ||value||`` (Frobenius norms, unitless; over the table's rows): how far the
+        table had moved from the exact embeddings of the current weights.
         """
+        if self.node_ids is not None:
+            value = value[self.node_ids]
         norm = float(value.norm())
         drift = float((self.emb - value).norm()) / norm if norm > 0 else 0.0
         self.emb.copy_(value)

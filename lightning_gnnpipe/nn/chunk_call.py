@@ -22,12 +22,13 @@ from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor, nn
+from torch_geometric.nn import MessagePassing
 
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph
 from lightning_gnnpipe.nn.dropout import node_rows
 from lightning_gnnpipe.nn.normalization import normalized_convs, precomputed_norm
 from lightning_gnnpipe.nn.sparse import needs_raw_adjacency, sparse_aggregation, sparse_capable
-from lightning_gnnpipe.nn.stack import call_block
+from lightning_gnnpipe.nn.stack import BasicGNNLayer, call_block, uses_graph
 
 
 class ChunkCaller:
@@ -77,11 +78,17 @@ def chunk_graph_options(blocks: List[nn.Module], autocast: bool = False) -> Dict
 
     Returns:
         ``sparse`` (some block runs on the sparse path), ``raw_adjacency`` (some sparse block aggregates over the
-        raw edges) and ``norm_edge_lists`` (some block on the edge-list path may normalise).
+        raw edges), ``norm_edge_lists`` (some block on the edge-list path may normalise) and ``compact`` (every
+        block is a PyG layer of known code, :class:`~lightning_gnnpipe.nn.stack.BasicGNNLayer`, whose normalising
+        GCN conv sums: no raw edge list and no other aggregation values are needed).
     """
     sparse = [] if autocast else [b for b in blocks if sparse_capable(b)]
+    edge_list = [b for b in blocks if uses_graph(b) and not any(b is s for s in sparse)]
+    convs = [m for b in sparse for m in b.modules() if isinstance(m, MessagePassing)]
     return {
         "sparse": bool(sparse),
         "raw_adjacency": any(needs_raw_adjacency(b) for b in sparse),
-        "norm_edge_lists": len(sparse) < len(blocks),
+        "norm_edge_lists": bool(edge_list),
+        "compact": bool(sparse) and not edge_list and all(isinstance(b, BasicGNNLayer) for b in sparse)
+        and all(c.aggr in ("add", "sum") for c in convs),
     }

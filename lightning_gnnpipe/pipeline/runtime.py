@@ -24,7 +24,7 @@ from lightning_gnnpipe.comm.accounting import CommStats
 from lightning_gnnpipe.comm.exchange import StageExchange, build_slot_plans
 from lightning_gnnpipe.comm.replicas import all_reduce_grads, broadcast_blocks
 from lightning_gnnpipe.data.chunk import ChunkPlan
-from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
+from lightning_gnnpipe.data.chunk_graph import build_chunk_graph, storage_bytes
 from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
 from lightning_gnnpipe.nn.normalization import norm_keys
 from lightning_gnnpipe.nn.stack import takes_x0
@@ -103,6 +103,7 @@ class PipelineRuntime:
         for i in layout.stage_ids:
             own = [blocks[layer] for layer in stage_layers[i]]
             graph = build_chunk_graph(plan, edge_index, norm_keys(own), device, dtype=x.dtype,
+                                      chunks=self.chunk_ids if G > 1 else None,
                                       **chunk_graph_options(own, autocast=self.boundary_dtype != x.dtype))
             exchange = None
             if G > 1:  # one stage per rank (multi-stage schedules are refused with G > 1)
@@ -113,16 +114,24 @@ class PipelineRuntime:
             self.stages.append(GNNStage(own, stage_layers[i], dims, graph, x=x if 0 in stage_layers[i] else None,
                                         history_momentum=history_momentum, halo_gradients=halo_gradients,
                                         carry_x0=carry_x0, exchange=exchange, stage_index=i,
-                                        activation_checkpointing=activation_checkpointing))
-        self.x_pad: Optional[Tensor] = None
+                                        activation_checkpointing=activation_checkpointing, chunks=self.chunk_ids))
+        # The first stage reads its chunks' rows from `x` itself (GNNStage): the schedule gets one placeholder row
+        # per micro-batch, not a padded copy of the features.
+        self.first_input: Optional[Tensor] = None
         if 0 in layout.stage_ids:
-            m = plan.max_chunk_size
-            self.x_pad = plan.pad(x).view(plan.num_chunks, m, -1)[self.chunk_ids].reshape(
-                len(self.chunk_ids) * m, -1).to(device)
+            self.first_input = x.new_zeros(len(self.chunk_ids), x.size(-1), device=device)
         self.schedule: Any = None
         self.loss: Optional[PipelineLoss] = None
         self.recorder: Optional[PipelineRecorder] = None
         self._max_chunk_size = plan.max_chunk_size
+
+    def kept_bytes(self) -> Tuple[int, int]:
+        """Bytes this rank keeps for the whole fit: ``(history tables, chunk graphs)``; each storage counted once."""
+        tables = [t for st in self.stages for m in (*st.histories.values(), *st.halo_grads.values())
+                  for t in m.buffers()]
+        tables += [t for st in self.stages for m in st.histories.values() for t in (m.node_ids, m.row_of)]
+        graph = sum(st.graph.nbytes() for st in self.stages) + storage_bytes(t for st in self.stages for t in st._rows)
+        return storage_bytes(tables), graph
 
     @property
     def widths(self) -> Dict[int, Tuple[List[int], List[int]]]:
@@ -166,7 +175,7 @@ class PipelineRuntime:
         assert self.schedule is not None and self.recorder is not None
         lay = self.layout
         ids = torch.tensor(self.chunk_ids)  # on the CPU: stages and loss read the chunk id without a device sync
-        args = (self.x_pad,) if self.x_pad is not None else ()
+        args = (self.first_input,) if self.first_input is not None else ()
         kwargs: Dict[str, Any] = {"chunk_id": ids}
         if self.loss is not None:
             self.loss.reset(full_loss=full_loss, chunk_loss=chunk_loss)

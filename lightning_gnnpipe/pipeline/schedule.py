@@ -141,7 +141,8 @@ def build_schedule(
         stage_indices: Their (virtual) stage indices.
         num_stages: All (virtual) stages of the pipeline, ``S * v``.
         device: Where the stages run.
-        rows: ``M``, padded rows per micro-batch.
+        rows: ``M``, padded rows per micro-batch (the first stage's input is one placeholder row per micro-batch:
+            it reads its chunks' features itself).
         in_channels: Per local stage, the width of each tensor entering it.
         out_channels: Per local stage, the width of each tensor leaving it.
         schedule: A key of :data:`SCHEDULES`.
@@ -163,7 +164,8 @@ def build_schedule(
             index,
             num_stages,
             device,
-            input_args=tuple(torch.empty(rows, d, device=device, dtype=in_dtype, requires_grad=index > 0)
+            input_args=tuple(torch.empty(rows if index > 0 else 1, d, device=device, dtype=in_dtype,
+                                         requires_grad=index > 0)
                              for d in in_channels[j]),
             output_args=tuple(torch.empty(rows, d, device=device, dtype=out_dtype, requires_grad=True)
                               for d in out_channels[j]),

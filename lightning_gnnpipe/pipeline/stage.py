@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
@@ -55,9 +56,15 @@ class GNNStage(nn.Module):
         stage_index: The (virtual) stage index, recorded on errors raised in :meth:`forward` (:data:`STAGE_ERROR`).
         exchange: Hybrid parallelism only: the halo exchange with the other partitions' ranks of this
             stage (:class:`~lightning_gnnpipe.comm.exchange.StageExchange`); needs ``halo_gradients="detach"``.
+            The stage then runs only ``chunks`` (its partition's), its history tables hold the rows of those
+            chunks and their halos (not ``|V|``), and :meth:`forward_full` sums the partitions' rows over the
+            exchange's group.
+        chunks: The chunks this stage runs (default: all); with ``exchange``, ``graph`` needs halos and edges of
+            these only.
 
     Shapes:
-        forward: ``h`` ``(M, dims[l_s])`` -> ``(M, dims[l_{s+1}])``; ``chunk_id`` ``(1,)``. When a
+        forward: ``h`` ``(M, dims[l_s])`` -> ``(M, dims[l_{s+1}])``; ``chunk_id`` ``(1,)``. The first stage ignores
+        ``h`` (any shape; the pipeline passes one placeholder row) and reads its chunk's rows of ``x``. When a
         block takes ``x0`` (GCNII), the initial embedding ``h0`` ``(M, dims[1])`` (block 0's
         output) travels beside ``h``: every stage but the first also receives it and every stage
         but the last also returns it.
@@ -76,6 +83,7 @@ class GNNStage(nn.Module):
         activation_checkpointing: bool = False,
         exchange: Optional[StageExchange] = None,
         stage_index: int = 0,
+        chunks: Optional[List[int]] = None,
     ) -> None:
         super().__init__()
         self.stage_index = stage_index
@@ -98,16 +106,26 @@ class GNNStage(nn.Module):
         self.x0_channels = dims[1]
         self.is_first, self.is_last = layer_ids[0] == 0, layer_ids[-1] == len(dims) - 2
         self.epoch = 0  # keys NodeDropout's masks (next_epoch)
-        self._rows = [torch.cat([n, h]) for n, h in zip(graph.nodes, graph.halo)]  # global id of each local row
         self._uses_graph = [uses_graph(b) for b in blocks]
         self._callers = [ChunkCaller(b, graph) for b in blocks]  # sparse adjacency or edge list, per block
         num_nodes = sum(int(n.numel()) for n in graph.nodes)
         device = graph.nodes[0].device
+        self.chunks = list(range(graph.num_chunks)) if chunks is None else list(chunks)
+        mine = set(self.chunks)
+        self._rows = [torch.cat([n, h]) if c in mine else n[:0]  # global id of each local row of the chunks it runs
+                      for c, (n, h) in enumerate(zip(graph.nodes, graph.halo))]
+        rows = {}
+        if exchange is not None:  # hybrid: rows of this partition's chunks and of their halos only
+            ids = torch.cat([t for c in self.chunks for t in (graph.nodes[c], graph.halo[c])]).unique()
+            row_of = torch.full((num_nodes,), -1, dtype=torch.long, device=device)
+            row_of[ids] = torch.arange(ids.numel(), device=device)
+            rows = {"node_ids": ids, "row_of": row_of}
         self.histories = nn.ModuleDict()
         self.halo_grads = nn.ModuleDict()
         for j, layer in enumerate(self.layer_ids):
             if layer > 0 and self._uses_graph[j]:
-                self.histories[str(layer)] = History(num_nodes, dims[layer], device=device, momentum=history_momentum)
+                self.histories[str(layer)] = History(num_nodes, dims[layer], device=device, momentum=history_momentum,
+                                                     **rows)
                 if halo_gradients == "stale":
                     self.halo_grads[str(layer)] = HaloGradients(num_nodes, dims[layer], device=device)
 
@@ -156,7 +174,7 @@ class GNNStage(nn.Module):
         c = int(chunk_id.reshape(-1)[0])
         nodes, halo = self.graph.nodes[c], self.graph.halo[c]
         n = nodes.numel()
-        h = h[:n]
+        h = self.x[nodes] if self.is_first else h[:n]  # the first stage's input is a placeholder row
         h0 = carried[0][:n] if carried else None
         for j, layer in enumerate(self.layer_ids):
             if not self._uses_graph[j]:
@@ -225,13 +243,16 @@ class GNNStage(nn.Module):
                     h = call_block(self.blocks[j], h, g.edge_index[0][:, :0], h0)
             else:
                 out: Optional[Tensor] = None
-                for c in range(g.num_chunks):
+                for c in self.chunks:
                     nodes, halo = g.nodes[c], g.halo[c]
                     x0 = None if h0 is None else h0[nodes]
                     o = self._run_block(j, torch.cat([h[nodes], h[halo]]), c, x0)[: nodes.numel()]
                     if out is None:
-                        out = o.new_empty(h.size(0), o.size(-1))
+                        out = o.new_zeros(h.size(0), o.size(-1))
                     out[nodes] = o
+                assert out is not None
+                if self.exchange is not None:  # every partition computed its own chunks' rows, zeros elsewhere
+                    dist.all_reduce(out, group=self.exchange.group)
                 h = out
             h0 = h if layer == 0 and self.carry_x0 else h0
         return self._outputs(h, h0, h.size(0))

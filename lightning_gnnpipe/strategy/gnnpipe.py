@@ -87,12 +87,15 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             exact graph parallelism.
         activation_checkpointing: Recompute each layer block's forward during its backward
             (``torch.utils.checkpoint``, dropout draws reproduced): between a chunk's forward and backward a stage
-            keeps only each block's input rows. Same results, less memory, about one more forward of compute.
-            GPipe keeps every chunk's activations until the backward; 1F1B at most about ``S`` chunks'.
+            keeps only each block's input rows (inner and halo). Same results, about one more forward of compute;
+            less memory for blocks with large intermediates (edge-list convs), more for PyG layers on the sparse
+            path (docs/results/scale.md). GPipe keeps every chunk's activations until the backward; 1F1B at most
+            about ``S`` chunks' (the schedule that keeps least).
         **kwargs: ``timeout`` (of every collective, a ``timedelta``; default 600 s), ``start_method``
             (``"spawn"`` or ``"popen"``; ignored under torchrun/SLURM), ``process_group_backend`` (``"gloo"`` or
-            ``"nccl"``), ``profile_epoch`` (record this epoch with ``torch.profiler``, one Chrome trace per rank)
-            and ``trace_dir``: as :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`.
+            ``"nccl"``), ``profile_epoch`` (record this epoch with ``torch.profiler``, one Chrome trace per rank),
+            ``trace_dir`` and ``heap_mmap_threshold`` (bytes, default 16 MiB; ``None``: glibc's default):
+            as :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`.
 
     Raises:
         ValueError: Unknown ``schedule``, ``balance`` or ``start_method``, bad ``profile_epoch``, a

@@ -12,6 +12,8 @@ same values:
 * ``memory/peak_bytes/rank<r>``: peak memory of rank ``r`` (= stage ``r`` under GNNPipe), in bytes.
   On CUDA, ``torch.cuda.max_memory_allocated`` over the epoch (reset at its start); on CPU the
   process's peak resident set size since it started (``getrusage``; it cannot be reset);
+* ``memory/history_bytes/rank<r>`` and ``memory/graph_bytes/rank<r>``: bytes rank ``r`` keeps for the whole fit
+  in history tables and in chunk graphs (ids, edge lists, CSR adjacencies), each storage counted once;
 * ``comm/bubble_fraction/rank<r>``: pipeline fill and drain as a fraction of the training step
   (``comm/bubble_s`` / ``comm/step_s``; 0 without a pipeline).
 
@@ -117,7 +119,8 @@ class PipelineInsight(Callback):
         device = strategy.root_device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        mine = torch.tensor([time.perf_counter() - self._t0, float(peak_memory_bytes(device))],
+        kept = strategy.kept_bytes() if hasattr(strategy, "kept_bytes") else (0, 0)
+        mine = torch.tensor([time.perf_counter() - self._t0, float(peak_memory_bytes(device)), *map(float, kept)],
                             dtype=torch.float64, device=device)
         rows = [mine]
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -125,6 +128,7 @@ class PipelineInsight(Callback):
             dist.all_gather(rows, mine)
         log = dict(on_step=False, on_epoch=True, batch_size=1)
         pl_module.log("time/epoch_s", max(float(r[0]) for r in rows), prog_bar=True, **log)
-        metrics = {f"memory/peak_bytes/rank{i}": float(r[1]) for i, r in enumerate(rows)}
+        metrics = {f"memory/{kind}/rank{i}": float(r[k]) for i, r in enumerate(rows)
+                   for k, kind in ((1, "peak_bytes"), (2, "history_bytes"), (3, "graph_bytes"))}
         metrics.update(bubble_fractions(getattr(strategy, "comm_metrics", {})))
         pl_module.log_dict(metrics, **log)
