@@ -270,7 +270,11 @@ def page_ladder(args: argparse.Namespace, records: List[dict]) -> Dict[tuple, st
 def write_page(args: argparse.Namespace) -> str:
     """Rewrite ``<out>/scale.md`` and ``<out>/scale.png`` from the cache; returns the markdown."""
     records = [r for r in load_cache(args.cache) if same_setup(r, args)]
-    meta = {"title": "Scale: GNNPipe vs the best single process and graph parallelism, SBM graphs of 250k and 1M nodes (2M not trained)",
+    trained = sorted({r["nodes"] for r in records if r.get("status") == "ok" and r["mode"] != "planner"})
+    untrained = [n for n in sorted(set(DEFAULT_NODES) | set(args.nodes)) if n not in trained]
+    names = lambda ns: " and ".join(scale_page.short(n) for n in ns)  # noqa: E731
+    meta = {"title": "Scale: GNNPipe vs the best single process and graph parallelism, SBM graphs of "
+                     f"{names(trained)} nodes" + (f" ({names(untrained)} not trained)" if untrained else ""),
             "reproduce": "python benchmarks/scale.py --nodes 250000 1000000 2000000 --models gcn sage "
                          "--layers 8 16 --epochs 4",
             "description": (
