@@ -272,7 +272,8 @@ def write_page(args: argparse.Namespace) -> str:
     records = [r for r in load_cache(args.cache) if same_setup(r, args)]
     trained = sorted({r["nodes"] for r in records if r.get("status") == "ok" and r["mode"] != "planner"})
     untrained = [n for n in sorted(set(DEFAULT_NODES) | set(args.nodes)) if n not in trained]
-    names = lambda ns: " and ".join(scale_page.short(n) for n in ns)  # noqa: E731
+    names = lambda ns: " and ".join(filter(None, [", ".join(scale_page.short(n) for n in ns[:-1]),  # noqa: E731
+                                                  scale_page.short(ns[-1]) if ns else ""]))
     meta = {"title": "Scale: GNNPipe vs the best single process and graph parallelism, SBM graphs of "
                      f"{names(trained)} nodes" + (f" ({names(untrained)} not trained)" if untrained else ""),
             "reproduce": "python benchmarks/scale.py --nodes 250000 1000000 2000000 --models gcn sage "
