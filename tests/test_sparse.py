@@ -374,3 +374,30 @@ def test_adjacency_errors(chunks):
         op.matmul(torch.randn(ch.n_local, 4, dtype=torch.float64))
     empty = build_adjacency(torch.empty(2, 0, dtype=torch.long), 4, 6)
     assert torch.count_nonzero(empty.operator().matmul(torch.randn(6, 3))) == 0
+
+
+def test_compact_chunk_graph_computes_the_same_and_refuses_the_edge_list_path():
+    """A compact chunk graph (PyG GCN layers: no edge lists, only the normalised sum operators) gives the outputs of
+    the full one on the sparse path, keeps fewer bytes, and refuses the edge-list path (autocast) with an error
+    instead of aggregating over its empty edge lists."""
+    from lightning_gnnpipe import GraphChunkDataModule, find_layer_stack
+    from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
+    from lightning_gnnpipe.nn.chunk_call import ChunkCaller, chunk_graph_options
+    from lightning_gnnpipe.nn.normalization import norm_keys
+    from tests.helpers import GCNModule, sbm_graph
+
+    data = sbm_graph(200)
+    plan = GraphChunkDataModule(data, num_chunks=4).plan
+    blocks = find_layer_stack(GCNModule(16, 8, 2, 4)).blocks
+    options = chunk_graph_options(blocks)
+    assert options["compact"]
+    graphs = [build_chunk_graph(plan, data.edge_index, norm_keys(blocks), torch.device("cpu"),
+                                **{**options, "compact": compact}) for compact in (False, True)]
+    assert graphs[1].compacted and not graphs[0].compacted and graphs[1].nbytes() < 0.8 * graphs[0].nbytes()
+    c = 1
+    x_local = data.x[torch.cat([plan.nodes[c], plan.halo[c]])]
+    rows = torch.cat([plan.nodes[c], plan.halo[c]])
+    full, compact = (ChunkCaller(blocks[0], g)(x_local, c, rows, 0) for g in graphs)
+    torch.testing.assert_close(compact, full, atol=0, rtol=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(RuntimeError, match="built compact"):
+        ChunkCaller(blocks[0], graphs[1])(x_local, c, rows, 0)

@@ -47,6 +47,7 @@ class ChunkGraph:
             ``None`` for chunks not built (``chunks``) or without raw adjacency.
         norm_adjacency: Per chunk, per key of ``norm_edges``, the adjacency of the normalised edges
             (values: the full-graph coefficients); ``None`` without ``sparse``.
+        compacted: Built with ``compact``: no edge lists, only the normalised sum operators.
     """
 
     nodes: List[Tensor]
@@ -56,6 +57,7 @@ class ChunkGraph:
     max_chunk_size: int
     adjacency: Optional[List[ChunkAdjacency]] = None
     norm_adjacency: Optional[List[Dict[NormKey, ChunkAdjacency]]] = None
+    compacted: bool = False
 
     @property
     def num_chunks(self) -> int:
@@ -160,4 +162,5 @@ def build_chunk_graph(
                 for a in norm_adj.values():
                     a.compact(agg)
                 graph.edge_index[c] = graph.edge_index[c][:, :0].clone()
+                graph.compacted = True
     return graph

@@ -65,6 +65,11 @@ class ChunkCaller:
             with sparse_aggregation(self.block, ei, g.adjacency[c], g.norm_adjacency[c]) as call, \
                     node_rows(rows[:call.out_rows], epoch):
                 return call_block(self.block, x_local, ei, h0)
+        if g.compacted:  # its edge lists were dropped: the edge-list path would aggregate over nothing
+            raise RuntimeError(
+                f"GNNPipe: block {type(self.block).__name__} takes the edge-list path (autocast on: "
+                f"{torch.is_autocast_enabled(x_local.device.type)}), but its chunk graph was built compact, for the "
+                "sparse path only. Build it with chunk_graph_options(blocks, autocast=True) under autocast.")
         with precomputed_norm(self.norm_convs, g.norm_edges[c]), node_rows(rows, epoch):
             return call_block(self.block, x_local, ei, h0)
 

@@ -120,6 +120,10 @@ class GNNStage(nn.Module):
             row_of = torch.full((num_nodes,), -1, dtype=torch.long, device=device)
             row_of[ids] = torch.arange(ids.numel(), device=device)
             rows = {"node_ids": ids, "row_of": row_of}
+            received = [p.recv_ids for c, p in enumerate(exchange.plans) if p is not None and c in mine]
+            if received and bool((row_of[torch.cat(received)] < 0).any()):  # would read and write row -1
+                raise RuntimeError("GNNStage: the hybrid exchange delivers rows of nodes outside this partition's "
+                                   "chunks and halos; the chunk plan and the slot plans do not match.")
         self.histories = nn.ModuleDict()
         self.halo_grads = nn.ModuleDict()
         for j, layer in enumerate(self.layer_ids):

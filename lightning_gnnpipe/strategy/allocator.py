@@ -6,8 +6,9 @@ later requests. glibc raises the threshold dynamically, up to 32 MiB, whenever a
 stage allocates and frees many tensors of one chunk's rows (about ``|V| / K x d`` floats: 30.5 MiB for 125,000 rows
 of width 64) in an order the heap cannot pack, so with the dynamic threshold its heap grows well past what is alive.
 Measured on the 1,000,000-node graph of ``docs/results/scale.md`` (GCN-8, ``K = 8``, 1F1B, 2 processes): peak RSS of
-the largest rank 4.65 GiB with glibc's default, 3.38 GiB with a fixed 16 MiB threshold, epoch time 34.7 s and 35.5 s
-(``docs/results/notes/memory.md``). The strategies fix the threshold in every rank (``heap_mmap_threshold``).
+the largest rank 4.65 GiB with glibc's default, 3.16 GiB with a fixed 16 MiB threshold, epoch time 34.7 s and 32.7 s
+(``docs/results/notes/memory.md``, with the commands). The strategies fix the threshold in every rank
+(``heap_mmap_threshold``).
 """
 
 from __future__ import annotations

@@ -59,8 +59,8 @@ class WholeGraphStrategy(ParallelStrategy):
             ``Trainer``, as for Lightning's ``DDPStrategy``; leave them out.
         heap_mmap_threshold: Bytes (default 16 MiB): on Linux with glibc, every rank gives CPU blocks of this size
             and more their own memory mapping, returned to the OS when freed, instead of glibc's dynamic threshold
-            (:mod:`~lightning_gnnpipe.strategy.allocator`; 1.27 GiB less peak RSS per rank at 1M nodes, same epoch
-            time). ``None`` leaves the C allocator as it is. Affects the rank's whole process.
+            (:mod:`~lightning_gnnpipe.strategy.allocator`, with the measured effect). ``None`` leaves the C
+            allocator as it is. Affects the rank's whole process.
 
     Raises:
         ValueError: Unknown ``start_method``, bad ``profile_epoch`` or ``heap_mmap_threshold``.
