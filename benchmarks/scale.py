@@ -16,8 +16,9 @@ blocks to find and every class spans 8 blocks). Models: PyG ``GCN`` and ``GraphS
 cross-entropy on ``train_mask``, one full-graph step per epoch, no validation. Modes:
 ``pyg_edge_index`` and ``pyg_csr`` (plain loops, 2 threads; ``pyg_csr`` is the best single-process baseline),
 ``trainer_single`` (Lightning, 1 process, 2 threads), ``gnnpipe_k8`` / ``gnnpipe_k16`` (``GNNPipeStrategy``,
-2 processes x 1 thread, K = 8 / 16 chunks, GPipe), ``gnnpipe_1f1b_k8`` (the same with ``schedule="1f1b"``, K = 8)
-and ``graph_parallel`` (``GraphParallelStrategy``, 2 x 1, K = 2).
+2 processes x 1 thread, K = 8 / 16 chunks, GPipe), ``gnnpipe_1f1b_k8`` (the same with ``schedule="1f1b"``, K = 8),
+``gnnpipe_ckpt_k8`` / ``gnnpipe_1f1b_ckpt_k8`` (with recomputation), ``gnnpipe_1f1b_bf16h_k8`` (1F1B with
+``history_dtype="bfloat16"``) and ``graph_parallel`` (``GraphParallelStrategy``, 2 x 1, K = 2).
 
 Needs ``pip install -e ".[bench]"`` (psutil for the memory sampling, matplotlib for the plot).
 

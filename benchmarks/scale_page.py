@@ -14,8 +14,9 @@ from typing import Dict, List, Optional, Tuple
 
 GIB = 2**30
 MODES = ["pyg_edge_index", "pyg_csr", "trainer_single", "gnnpipe_k8", "gnnpipe_k16", "gnnpipe_1f1b_k8",
-         "gnnpipe_ckpt_k8", "gnnpipe_1f1b_ckpt_k8", "graph_parallel"]
-GNNPIPE = ("gnnpipe_k8", "gnnpipe_k16", "gnnpipe_1f1b_k8", "gnnpipe_ckpt_k8", "gnnpipe_1f1b_ckpt_k8")
+         "gnnpipe_ckpt_k8", "gnnpipe_1f1b_ckpt_k8", "gnnpipe_1f1b_bf16h_k8", "graph_parallel"]
+GNNPIPE = ("gnnpipe_k8", "gnnpipe_k16", "gnnpipe_1f1b_k8", "gnnpipe_ckpt_k8", "gnnpipe_1f1b_ckpt_k8",
+           "gnnpipe_1f1b_bf16h_k8")
 Rung = Tuple[int, str, int, str]  # nodes, model, layers, mode
 TARGETS = [  # (column, short header, limit, "<=" or ">=", meaning)
     ("time_csr", "GNNPipe ÷ CSR time", 1.0, "<=", "epoch time of GNNPipe over the CSR single-process baseline"),
@@ -308,7 +309,8 @@ def render(records: List[dict], ladder: Dict[Rung, str], meta: dict) -> Tuple[st
     layers_list = sorted({k[2] for k in keys})
     out = [f"# {meta['title']}", "", answer(runs, models, nodes_list, layers_list), "",
            "Targets, per model: time ratios of the fastest GNNPipe run and memory ratios of the leanest (S = 2; "
-           "GPipe with K = 8 or 16, 1F1B with K = 8, either with recomputation, `_ckpt`) to the baselines; ✓ / ✗ against "
+           "GPipe with K = 8 or 16, 1F1B with K = 8, either with recomputation, `_ckpt`, or 1F1B with bfloat16 history "
+           "tables, `_bf16h`) to the baselines; ✓ / ✗ against "
            "the target, – where a side is not measured or failed. The planner column is the package planner's "
            "recommendation for 2 processes beside the measured fastest 2-process mode.", ""]
     legend = "; ".join(f"**{d}**: {meaning}" for _, d, _, _, meaning in TARGETS)

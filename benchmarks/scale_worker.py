@@ -10,6 +10,7 @@
 * ``gnnpipe_k8`` / ``gnnpipe_k16``: ``Trainer(devices=2, strategy=GNNPipeStrategy())``, ``num_chunks`` 8 / 16;
 * ``gnnpipe_1f1b_k8``: the same with ``schedule="1f1b"`` (at most about ``S`` chunks' activations alive), K = 8;
 * ``gnnpipe_ckpt_k8`` / ``gnnpipe_1f1b_ckpt_k8``: GPipe / 1F1B, K = 8, ``activation_checkpointing=True``;
+* ``gnnpipe_1f1b_bf16h_k8``: 1F1B, K = 8, ``history_dtype="bfloat16"`` (history tables in half the bytes);
 * ``graph_parallel``: ``Trainer(devices=2, strategy=GraphParallelStrategy())``, ``num_chunks=2``;
 * ``planner``: no training; the package planner's estimates for this graph and model (``spec["planner"]``
   holds the measured per-layer seconds and bandwidth it needs).
@@ -54,12 +55,13 @@ from tests.helpers import ChunkLossGCN, GNNModule  # noqa: E402  (ordinary PyG L
 THREADS_SINGLE = 2  # intra-op threads of the single-process modes (the machine's 2 cores; spec "threads_single")
 THREADS_RANK = 1  # per process of the 2-process modes
 TWO_PROCESS = {"gnnpipe_k8": 8, "gnnpipe_k16": 16, "gnnpipe_1f1b_k8": 8, "gnnpipe_ckpt_k8": 8,
-               "gnnpipe_1f1b_ckpt_k8": 8, "graph_parallel": 2}  # mode -> num_chunks
+               "gnnpipe_1f1b_ckpt_k8": 8, "gnnpipe_1f1b_bf16h_k8": 8, "graph_parallel": 2}  # mode -> num_chunks
 STRATEGIES = {  # mode -> strategy factory
     "gnnpipe_k8": GNNPipeStrategy, "gnnpipe_k16": GNNPipeStrategy,
     "gnnpipe_1f1b_k8": functools.partial(GNNPipeStrategy, schedule="1f1b"),
     "gnnpipe_ckpt_k8": functools.partial(GNNPipeStrategy, activation_checkpointing=True),
     "gnnpipe_1f1b_ckpt_k8": functools.partial(GNNPipeStrategy, schedule="1f1b", activation_checkpointing=True),
+    "gnnpipe_1f1b_bf16h_k8": functools.partial(GNNPipeStrategy, schedule="1f1b", history_dtype="bfloat16"),
     "graph_parallel": GraphParallelStrategy,
 }
 

@@ -37,7 +37,7 @@ def exact_inputs(layers: List[Callable], data: Data) -> List[torch.Tensor]:
 def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_on_start: bool = True,
                       refresh_every: int = 0, momentum: float = 0.0, stale_halo_grads: bool = False,
                       layers: Optional[List[Callable]] = None, num_parts: int = 1,
-                      refresh_at: Collection[int] = ()) -> List[float]:
+                      refresh_at: Collection[int] = (), table_dtype: Optional[torch.dtype] = None) -> List[float]:
     """Train ``module`` (a ``GCNModule``) with the chunked algorithm in one process.
 
     ``layers`` are the model's layers as ``layer(x, edge_index)`` callables (default: the
@@ -50,6 +50,8 @@ def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_
     ``j``-th chunk, the ``G`` chunks of slot ``j`` go through each layer together and read each
     other's rows live (with gradient); other rows come from the tables (fresh if written earlier).
 
+    ``table_dtype``: the tables of layers >= 1 hold their rows rounded to this dtype (kept in float32 here).
+
     Returns the full-graph training loss of every epoch (as the user's ``training_step``
     computes it from the chunked output).
     """
@@ -58,14 +60,21 @@ def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_
         layers = [partial(gcn_layer, gnn, layer) for layer in range(gnn.num_layers)]
     L, N = len(layers), data.num_nodes
     opt = module.configure_optimizers()
-    tables = exact_inputs(layers, data)
+
+    def stored(t: torch.Tensor) -> torch.Tensor:  # what a table of `table_dtype` keeps of `t`
+        return t if table_dtype is None else t.to(table_dtype).to(t.dtype)
+
+    def refreshed() -> List[torch.Tensor]:  # layer 0's halo rows are the features themselves
+        return [t if layer == 0 else stored(t) for layer, t in enumerate(exact_inputs(layers, data))]
+
+    tables = refreshed()
     if not refresh_on_start:
         tables = [t if layer == 0 else torch.zeros_like(t) for layer, t in enumerate(tables)]
     collected = [torch.zeros_like(t) for t in tables]
     losses = []
     for epoch in range(epochs):
         if (refresh_every and epoch > 0 and epoch % refresh_every == 0) or epoch in refresh_at:
-            tables = exact_inputs(layers, data)
+            tables = refreshed()
         applied, collected = collected, [torch.zeros_like(t) for t in tables]
         opt.zero_grad()
         outs, order = [], []
@@ -77,7 +86,7 @@ def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_
                 if layer > 0:
                     with torch.no_grad():
                         for n, h in zip(nodes, hs):
-                            tables[layer][n] = momentum * tables[layer][n] + (1 - momentum) * h
+                            tables[layer][n] = stored(momentum * tables[layer][n] + (1 - momentum) * h)
                 table = tables[layer].clone()
                 if stale_halo_grads and layer > 0:
                     table.requires_grad_(True)

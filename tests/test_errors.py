@@ -1,5 +1,7 @@
 """Bad input fails with a clear message, before any process group starts."""
 
+import re
+
 import pytest
 import torch
 from lightning.pytorch import Trainer
@@ -162,6 +164,19 @@ def test_multi_hop_conv_is_refused(graph):
 def test_bad_part(graph, make, error, match):
     with pytest.raises(error, match=match):
         GraphChunkDataModule(graph, num_chunks=2, part=make(60))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat", torch.int8, "long", 16])
+def test_bad_history_dtype(dtype):
+    with pytest.raises(ValueError, match=r"`history_dtype` must be a floating-point torch dtype or its name, e.g. "
+                                         rf"torch.bfloat16 or 'bfloat16' \(got {re.escape(repr(dtype))}\)"):
+        GNNPipeStrategy(history_dtype=dtype)
+
+
+def test_history_dtype_names_become_torch_dtypes():
+    assert GNNPipeStrategy(history_dtype="bfloat16").history_dtype is torch.bfloat16
+    assert GNNPipeStrategy(history_dtype=torch.float16).history_dtype is torch.float16
+    assert GNNPipeStrategy().history_dtype is None
 
 
 def test_bad_start_method():

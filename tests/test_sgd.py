@@ -11,6 +11,7 @@ a wrong step) and, where an option changes training, that the option's reference
 without it by far more than the tolerance (the test can tell the option from its absence).
 """
 
+import sys
 from pathlib import Path
 from typing import Dict
 
@@ -19,7 +20,7 @@ import torch
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule
 from lightning_gnnpipe.pipeline.schedule import MULTI_STAGE_SCHEDULES
-from tests.helpers import MetricRecorder, fit, sbm_graph
+from tests.helpers import MetricRecorder, fit, read_metrics, sbm_graph
 from tests.reference import chunked_reference
 from tests.test_exactness import SaveWeights, SGDChunkLossGCN, _trained
 
@@ -105,3 +106,25 @@ def test_stale_halo_gradients_sgd_parameters_equal_the_reference(tmp_path, graph
     assert largest_difference(expected, reference_weights(graph, dm.plan)) > DISTINCT  # not the detached halos
     trained = trained_weights(tmp_path, dm, 2, GNNPipeStrategy(schedule=schedule, halo_gradients="stale"))
     assert_equal_to_reference(trained, expected)
+
+
+@pytest.mark.parametrize("schedule,G", [("gpipe", 1), ("1f1b", 1), ("1f1b", 2)])
+def test_bfloat16_history_tables_sgd_parameters_equal_the_reference(tmp_path, graph, schedule, G, monkeypatch):
+    """``history_dtype="bfloat16"``: every row of a layer >= 1 table is kept rounded to bfloat16 (fresh and
+    historical; a chunk's own rows, layer 0's feature rows and, in hybrid parallelism, the rows received from the
+    other partitions stay float32), and the tables take half the bytes.
+
+    Two steps, not four: from the third on, the float32 differences of the summation order (3e-8) start to tip
+    single bfloat16 roundings the other way (one ulp, 2^-8 relative), and one tipped row moves the parameters by
+    about 1e-4, as much as the rounding itself."""
+    dm = GraphChunkDataModule(graph, num_chunks=4 * G, num_parts=G)
+    monkeypatch.setattr(sys.modules[__name__], "EPOCHS", 2)
+    expected = reference_weights(graph, dm.plan, num_parts=G, table_dtype=torch.bfloat16)
+    assert largest_difference(expected, reference_weights(graph, dm.plan, num_parts=G)) > DISTINCT  # not float32
+    trained = trained_weights(tmp_path, dm, 2 * G, GNNPipeStrategy(schedule=schedule, history_dtype="bfloat16",
+                                                                   graph_parallel_size=G))
+    assert_equal_to_reference(trained, expected)
+    if G == 1:
+        n, d = graph.num_nodes, MODEL[1]
+        kept = [read_metrics(str(tmp_path), r)[-1][f"memory/history_bytes/rank{r}"] for r in range(2)]
+        assert kept == [1 * n * d * 2, 2 * n * d * 2]  # stage 0: layer 1's table; stage 1: layers 2, 3 (2 bytes)

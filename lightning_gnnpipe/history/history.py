@@ -25,7 +25,8 @@ class History(nn.Module):
         num_nodes: Rows ``|V|``.
         channels: Width ``d`` of the layer's input embedding.
         device: Device of the table (default: torch's default).
-        dtype: Dtype of the table (default: torch's default).
+        dtype: Dtype of the table (default: torch's default). A narrower one than the embeddings' (``bfloat16``)
+            halves the table's bytes; every row read from it is then rounded to that precision.
         momentum: Moving-average weight ``m`` of the old rows in :meth:`push`, in ``[0, 1)``
             (0: plain overwrite).
         node_ids: Only these nodes have rows (sorted global ids ``(R,)``; hybrid parallelism: a partition and its
@@ -61,15 +62,15 @@ class History(nn.Module):
         With ``momentum`` ``m > 0`` the rows become ``m * old + (1 - m) * value``: a moving average that
         smooths historical embeddings across epochs (PipeGCN, Wan et al., ICLR 2022, arXiv 2203.10428).
         """
-        value = value.detach().to(self.emb.dtype)
+        value = value.detach()
         index = self._rows(index)
-        if self.momentum > 0:
-            value = self.momentum * self.emb[index] + (1.0 - self.momentum) * value
-        self.emb[index] = value
+        if self.momentum > 0:  # in the value's precision, rounded to the table's once
+            value = self.momentum * self.emb[index].to(value.dtype) + (1.0 - self.momentum) * value
+        self.emb[index] = value.to(self.emb.dtype)
 
-    def pull(self, index: Tensor) -> Tensor:
-        """Return a detached copy of rows ``index`` ``(n,)`` as ``(n, d)``."""
-        return self.emb[self._rows(index)]
+    def pull(self, index: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
+        """Return a detached copy of rows ``index`` ``(n,)`` as ``(n, d)``, in ``dtype`` (default: the table's)."""
+        return self.emb[self._rows(index)].to(dtype or self.emb.dtype)
 
     @torch.no_grad()
     def refresh(self, value: Tensor) -> float:

@@ -83,7 +83,7 @@ class PipelineRuntime:
         layout: This rank's place (:class:`RankLayout`).
         device: Where the stages run.
         stats: Where traffic is counted.
-        history_momentum, halo_gradients: As :class:`~lightning_gnnpipe.pipeline.stage.GNNStage`.
+        history_momentum, halo_gradients, history_dtype: As :class:`~lightning_gnnpipe.pipeline.stage.GNNStage`.
         boundary_dtype: Dtype between stages (the autocast dtype under ``bf16-mixed``, else ``x.dtype``).
         activation_checkpointing: Recompute each block in the backward pass (:class:`GNNStage`).
     """
@@ -91,7 +91,8 @@ class PipelineRuntime:
     def __init__(self, blocks: List[nn.Module], stage_layers: List[List[int]], dims: List[int], plan: ChunkPlan,
                  edge_index: Tensor, x: Tensor, layout: RankLayout, device: torch.device, stats: CommStats,
                  history_momentum: float = 0.0, halo_gradients: str = "detach",
-                 boundary_dtype: Optional[torch.dtype] = None, activation_checkpointing: bool = False) -> None:
+                 boundary_dtype: Optional[torch.dtype] = None, activation_checkpointing: bool = False,
+                 history_dtype: Optional[torch.dtype] = None) -> None:
         self.layout, self.device, self.stats, self.dims = layout, device, stats, dims
         self.num_nodes, self.num_virtual_stages = plan.num_nodes, len(stage_layers)
         self.data_dtype = x.dtype
@@ -113,6 +114,7 @@ class PipelineRuntime:
                 broadcast_blocks(own, src=layout.position, group=layout.partition_group)
             self.stages.append(GNNStage(own, stage_layers[i], dims, graph, x=x if 0 in stage_layers[i] else None,
                                         history_momentum=history_momentum, halo_gradients=halo_gradients,
+                                        history_dtype=history_dtype,
                                         carry_x0=carry_x0, exchange=exchange, stage_index=i,
                                         activation_checkpointing=activation_checkpointing, chunks=self.chunk_ids))
         # The first stage reads its chunks' rows from `x` itself (GNNStage): the schedule gets one placeholder row

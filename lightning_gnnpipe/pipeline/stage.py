@@ -47,6 +47,8 @@ class GNNStage(nn.Module):
         graph: Chunk-local graph structure.
         x: Node features ``(|V|, F)``; needed by the stage that owns layer 0, else ``None``.
         history_momentum: Moving-average momentum of the history tables (0: plain overwrite).
+        history_dtype: Dtype of the history tables (default: torch's default dtype); rows read from them are cast
+            to the embeddings' dtype.
         halo_gradients: ``"detach"`` drops the gradient that reaches halo rows (GNNAutoScale);
             ``"stale"`` applies it to the owner chunk one epoch later (PipeGCN).
         carry_x0: Whether some block of the model takes the initial embedding ``x0``.
@@ -78,6 +80,7 @@ class GNNStage(nn.Module):
         graph: ChunkGraph,
         x: Optional[Tensor] = None,
         history_momentum: float = 0.0,
+        history_dtype: Optional[torch.dtype] = None,
         halo_gradients: str = "detach",
         carry_x0: bool = False,
         activation_checkpointing: bool = False,
@@ -129,7 +132,7 @@ class GNNStage(nn.Module):
         for j, layer in enumerate(self.layer_ids):
             if layer > 0 and self._uses_graph[j]:
                 self.histories[str(layer)] = History(num_nodes, dims[layer], device=device, momentum=history_momentum,
-                                                     **rows)
+                                                     dtype=history_dtype, **rows)
                 if halo_gradients == "stale":
                     self.halo_grads[str(layer)] = HaloGradients(num_nodes, dims[layer], device=device)
 
@@ -194,9 +197,10 @@ class GNNStage(nn.Module):
                 if self.exchange is not None:  # hybrid: rows of the other partitions' chunks of this slot
                     received, plan = self.exchange(h, c)
                     table.push(plan.recv_ids, received)
-                    halo_rows = table.pull(halo).index_put((plan.live_pos,), received.index_select(0, plan.back_sel))
+                    halo_rows = table.pull(halo, h.dtype).index_put((plan.live_pos,),
+                                                                    received.index_select(0, plan.back_sel))
                 else:
-                    halo_rows = table.pull(halo)
+                    halo_rows = table.pull(halo, h.dtype)
                 if str(layer) in self.halo_grads:
                     grads = self.halo_grads[str(layer)]
                     halo_rows = grads.collect(halo_rows, halo)

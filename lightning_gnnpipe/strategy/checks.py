@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
+import torch
 from torch import nn
 
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
@@ -17,17 +18,27 @@ CHUNK_LOSS_HOOK = "pipeline_chunk_loss"
 
 
 def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: int, history_momentum: float,
-                           halo_gradients: str, graph_parallel_size: int) -> str:
-    """Validate :class:`~lightning_gnnpipe.GNNPipeStrategy`'s own options; return the schedule name.
+                           halo_gradients: str, graph_parallel_size: int,
+                           history_dtype: Any = None) -> Tuple[str, Optional[torch.dtype]]:
+    """Validate :class:`~lightning_gnnpipe.GNNPipeStrategy`'s own options.
+
+    Returns:
+        The schedule's name and the history tables' dtype (``None``: torch's default; a name such as
+        ``"bfloat16"`` becomes ``torch.bfloat16``).
 
     Raises:
         ValueError: Unknown ``schedule`` or a ``stages_per_rank`` it does not take
             (:func:`~lightning_gnnpipe.pipeline.schedule.check_schedule`), ``refresh_every`` not an int >= 0,
             ``history_momentum`` outside ``[0, 1)``, unknown ``halo_gradients``, ``graph_parallel_size`` not an
             int >= 1, ``halo_gradients="stale"`` with hybrid parallelism or a multi-stage schedule, or a
-            multi-stage schedule with hybrid parallelism.
+            multi-stage schedule with hybrid parallelism, a ``history_dtype`` that is not a floating-point torch
+            dtype or its name.
     """
     name = check_schedule(schedule, stages_per_rank=stages_per_rank)
+    dtype = getattr(torch, history_dtype, None) if isinstance(history_dtype, str) else history_dtype
+    if history_dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"GNNPipeStrategy: `history_dtype` must be a floating-point torch dtype or its name, e.g. "
+                         f"torch.bfloat16 or 'bfloat16' (got {history_dtype!r}). Use None for float32 tables.")
     if isinstance(refresh_every, bool) or not isinstance(refresh_every, int) or refresh_every < 0:
         raise ValueError(f"GNNPipeStrategy: `refresh_every` must be an int >= 0 epochs (got {refresh_every!r}).")
     if not 0.0 <= history_momentum < 1.0:
@@ -54,7 +65,7 @@ def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: i
             f"parallelism (got graph_parallel_size={G}). Use graph_parallel_size=1, or "
             "schedule 'gpipe'/'1f1b'."
         )
-    return name
+    return name, dtype
 
 
 def check_layout(

@@ -65,8 +65,9 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         refresh_every: Also refresh every this many epochs (0: never). Each refresh costs one
             no-grad full-graph forward; with ``log_staleness=True`` (the default) its time is logged as
             ``gnnpipe/refresh_seconds``.
-        history_momentum: Moving-average momentum ``m`` of the history tables: a write stores
-            ``m * old + (1 - m) * new`` (0: plain overwrite).
+        history_momentum: Moving-average momentum ``m`` of the tables: a write stores ``m * old + (1 - m) * new``.
+        history_dtype: Dtype of the history tables (default ``None``: torch's, float32); ``torch.bfloat16`` or
+            ``"bfloat16"`` halves their bytes, and halo rows are then read rounded (docs/results/notes/memory.md).
         halo_gradients: ``"detach"`` (default) drops gradients that reach halo rows;
             ``"stale"`` applies them to the owner chunk one epoch later (PipeGCN-style).
         log_staleness: Log per epoch ``gnnpipe/stale_edge_fraction`` (edges read historical, per
@@ -86,11 +87,10 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             Default 1 (pure pipeline parallelism). ``G`` = number of processes and one chunk per partition is
             exact graph parallelism.
         activation_checkpointing: Recompute each layer block's forward during its backward
-            (``torch.utils.checkpoint``, dropout draws reproduced): between a chunk's forward and backward a stage
-            keeps only each block's input rows (inner and halo). Same results, about one more forward of compute;
-            less memory for blocks with large intermediates (edge-list convs), more for PyG layers on the sparse
-            path (docs/results/scale.md). GPipe keeps every chunk's activations until the backward; 1F1B at most
-            about ``S`` chunks' (the schedule that keeps least).
+            (``torch.utils.checkpoint``, dropout draws reproduced), keeping only each block's input rows (inner and
+            halo). Same results, one more forward; less memory for blocks with large intermediates (edge-list
+            convs), more for PyG layers on the sparse path (docs/results/scale.md). GPipe keeps every chunk's
+            activations until the backward; 1F1B at most about ``S`` chunks' (the schedule that keeps least).
         **kwargs: ``timeout`` (of every collective, a ``timedelta``; default 600 s), ``start_method``
             (``"spawn"`` or ``"popen"``; ignored under torchrun/SLURM), ``process_group_backend`` (``"gloo"`` or
             ``"nccl"``), ``profile_epoch`` (record this epoch with ``torch.profiler``, one Chrome trace per rank),
@@ -119,6 +119,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         refresh_on_start: bool = True,
         refresh_every: int = 0,
         history_momentum: float = 0.0,
+        history_dtype: Any = None,
         halo_gradients: str = "detach",
         log_staleness: bool = True,
         balance: str = "count",
@@ -128,8 +129,9 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         activation_checkpointing: bool = False,
         **kwargs: Any,
     ) -> None:
-        self.schedule_name = check_pipeline_options(schedule, stages_per_rank, refresh_every, history_momentum,
-                                                    halo_gradients, graph_parallel_size)
+        self.schedule_name, self.history_dtype = check_pipeline_options(
+            schedule, stages_per_rank, refresh_every, history_momentum, halo_gradients, graph_parallel_size,
+            history_dtype)
         super().__init__(**kwargs)
         self.stages_per_rank, self.graph_parallel_size = stages_per_rank, graph_parallel_size
         self.refresh_on_start, self.refresh_every, self.save_history = refresh_on_start, refresh_every, save_history
@@ -210,7 +212,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
                             self._gp_group, self.graph_parallel_size, self.partition_index)
         runtime = self._runtime = PipelineRuntime(
             stack.blocks, virtual, self._dims, plan, data.edge_index, x, layout, self.root_device, self.comm_stats,
-            self.history_momentum, self.halo_gradients, self._boundary_dtype, self.activation_checkpointing)
+            self.history_momentum, self.halo_gradients, self._boundary_dtype, self.activation_checkpointing,
+            self.history_dtype)
         check_stage_widths(runtime.widths, self._pp_group)
         self._history = HistoryLifecycle(runtime.stages, runtime.full_forward, self.refresh_every,
                                          self.log_staleness, trainer.datamodule.stale_read_stats())
