@@ -90,6 +90,7 @@ MODES: Dict[str, object] = {
     "pipe-K2-default": (2, "greedy", {}, True, 0),  # the defaults with other chunk counts (seed-noise section)
     "pipe-K4-default": (4, "greedy", {}, True, 0),
     "pipe-K16-default": (16, "greedy", {}, True, 0),
+    "pipe-K8-bf16h": (8, "greedy", {"history_dtype": torch.bfloat16}, True, 0),  # the defaults, bfloat16 tables
 }
 # Modes whose refresh runs in training mode at the epoch's NodeDropout masks: with a NodeDropout model the chunked
 # forward then equals the full-graph forward exactly, and only the detached halo gradients differ.

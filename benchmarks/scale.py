@@ -20,6 +20,10 @@ cross-entropy on ``train_mask``, one full-graph step per epoch, no validation. M
 ``gnnpipe_ckpt_k8`` / ``gnnpipe_1f1b_ckpt_k8`` (with recomputation), ``gnnpipe_1f1b_bf16h_k8`` (1F1B with
 ``history_dtype="bfloat16"``) and ``graph_parallel`` (``GraphParallelStrategy``, 2 x 1, K = 2).
 
+Every process of a run starts with torch's transparent huge pages on (``THP_MEM_ALLOC_ENABLE=1``: CPU tensors of
+2 MiB and more faulted in 2 MiB at a time), the single-process baselines too; ``--no-huge-pages`` runs all with
+``0``.
+
 Needs ``pip install -e ".[bench]"`` (psutil for the memory sampling, matplotlib for the plot).
 
 Every measured run appends one JSON line to ``--cache`` (default ``benchmarks/results/scale_runs.jsonl``); a rerun
@@ -81,6 +85,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--classes", type=int, default=8)
     p.add_argument("--p-in", type=float, default=0.8, help="fraction of edges inside a block")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-huge-pages", dest="huge_pages", action="store_false",
+                   help="run every mode with THP_MEM_ALLOC_ENABLE=0 (default: 1, torch's transparent huge pages)")
     p.add_argument("--threads-single", type=int, default=2,
                    help="intra-op threads of the single-process modes (2-process modes: 1 per process)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per run")
@@ -104,7 +110,7 @@ def config(args: argparse.Namespace, nodes: int, model: str, layers: int, mode: 
     return {"nodes": nodes, "model": model, "layers": layers, "mode": mode, "epochs": args.epochs,
             "hidden": args.hidden, "blocks": args.blocks, "degree": args.degree, "features": args.features,
             "classes": args.classes, "p_in": args.p_in, "seed": args.seed,
-            "threads_single": args.threads_single}
+            "threads_single": args.threads_single, "huge_pages": args.huge_pages}
 
 
 def cache_key(cfg: dict) -> str:
@@ -181,7 +187,9 @@ def measure(cfg: dict, args: argparse.Namespace, extra: Optional[dict] = None) -
     spec = {**cfg, **(extra or {})}
     cmd = [sys.executable, str(HERE / "scale_worker.py"), json.dumps(spec), str(run_dir)]
     host = host_info()
-    watch = run_watched(cmd, run_dir / "log.txt", args.timeout, int(args.guard_gib * GIB), ROOT)
+    # torch's transparent huge pages for every mode (the baselines too); the strategies' `huge_pages` keeps the value
+    env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1" if cfg["huge_pages"] else "0"}
+    watch = run_watched(cmd, run_dir / "log.txt", args.timeout, int(args.guard_gib * GIB), ROOT, env=env)
     host["load_after"] = os.getloadavg()[0]
     result_path = run_dir / "result.json"
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
@@ -285,7 +293,8 @@ def write_page(args: argparse.Namespace) -> str:
                 f"{args.blocks} contiguous blocks, class = block % {args.classes}; 50% of the nodes train. Models: "
                 f"PyG `GCN` / `GraphSAGE`, hidden {args.hidden}, Adam lr 0.01, one full-graph step per epoch, no "
                 f"validation. Threads: {args.threads_single} for the single-process modes, 1 per process for the 2-process "
-                "modes. "
+                "modes. Transparent huge pages: every process of a run started with `THP_MEM_ALLOC_ENABLE=1` "
+                "(THP column of the time table; rows without it ran with 4 KiB pages). "
                 "`pyg_csr`: a normalised torch CSR `adj_t` (GCN: `gcn_norm` values, `normalize=False` convs; SAGE: "
                 "mean `spmm`), the edge list freed; equal to `pyg_edge_index` within 1e-5 (`--selfcheck`). "
                 "Epoch time: median of the epochs after the first (2-process modes: the slower rank per epoch). "

@@ -122,7 +122,7 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_watched(cmd: List[str], log_path: Path, timeout_s: float, guard_bytes: int, cwd: Path,
-                interval: float = 0.2) -> dict:
+                interval: float = 0.2, env: Optional[Dict[str, str]] = None) -> dict:
     """Run ``cmd`` in a new process group, watching the machine's memory.
 
     Args:
@@ -132,6 +132,7 @@ def run_watched(cmd: List[str], log_path: Path, timeout_s: float, guard_bytes: i
         guard_bytes: Kill the group when ``psutil.virtual_memory().available`` drops below this (bytes).
         cwd: Working directory.
         interval: Seconds between samples of the machine's memory.
+        env: The worker's environment (default: this process's).
 
     Returns:
         ``returncode``, ``killed_by`` (``None``, ``"guard"`` or ``"timeout"``), ``wall_s`` (seconds) and the machine's
@@ -143,7 +144,7 @@ def run_watched(cmd: List[str], log_path: Path, timeout_s: float, guard_bytes: i
     killed_by = None
     start = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True, env=env)
         try:
             while proc.poll() is None:
                 vm = psutil.virtual_memory()

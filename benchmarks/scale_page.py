@@ -356,7 +356,8 @@ def time_split(runs: Dict[Rung, dict]) -> List[str]:
         per = lambda name: " / ".join(f"{comm.get(f'comm/{name}/rank{r}', 0.0):.1f}" for r in range(2))  # noqa: E731
         rows.append(f"| {rec['model']} | {rec['layers']} | {rec['nodes']:,} | {rec['mode']} | {rec['epoch_s']:.1f} | "
                     f"{per('step_s')} | {per('compute_s')} | {per('bubble_s')} | {per('wait_s')} | "
-                    f"{gib(rec.get('bytes_sent_per_epoch'))} | {rec['host'].get('load_before', 0):.1f} |")
+                    f"{gib(rec.get('bytes_sent_per_epoch'))} | {rec['host'].get('load_before', 0):.1f} | "
+                    f"{'yes' if rec.get('huge_pages') else 'no'} |")
     if not rows:
         return []
     return ["## Where the time goes", "",
@@ -364,9 +365,10 @@ def time_split(runs: Dict[Rung, dict]) -> List[str]:
             "stage compute in it, the pipeline fill and drain (bubble) and other waiting on the neighbour (GNNPipe); "
             "graph parallelism has no stages: its wait is the time blocked in halo exchanges and the gradient all-reduce. The epoch also holds the "
             "optimizer step and Lightning's loop. Load: the machine's 1-minute load average before the run (2 cores). "
+            "THP: run with torch's transparent huge pages (`THP_MEM_ALLOC_ENABLE=1`, every process of the run). "
             "Before/after measurements of the kernels: [notes/scale_time.md](notes/scale_time.md).", "",
-            "| model | L | nodes | mode | epoch s | step s | compute s | bubble s | wait s | GiB sent | load |",
-            "|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+            "| model | L | nodes | mode | epoch s | step s | compute s | bubble s | wait s | GiB sent | load | THP |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
 def memory_split(runs: Dict[Rung, dict]) -> List[str]:

@@ -1,6 +1,8 @@
-"""The heap setting of every rank (``heap_mmap_threshold``): large blocks in their own mappings."""
+"""The allocator settings of every rank: large blocks in their own mappings (``heap_mmap_threshold``), backed by
+transparent huge pages (``huge_pages``)."""
 
 import ctypes
+import os
 import subprocess
 import sys
 import textwrap
@@ -9,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy
+from lightning_gnnpipe import _compat
 from lightning_gnnpipe.strategy import base
-from lightning_gnnpipe.strategy.allocator import DEFAULT_HEAP_MMAP_THRESHOLD
+from lightning_gnnpipe.strategy.allocator import DEFAULT_HEAP_MMAP_THRESHOLD, HUGE_PAGES_ENV
+from lightning_gnnpipe.strategy.launcher import CheckedMultiProcessingLauncher, HugePageScriptLauncher
 from tests.helpers import GCNModule, fit, sbm_graph
 
 PROBE = textwrap.dedent("""
@@ -71,3 +75,71 @@ def test_every_rank_sets_the_threshold_before_training(tmp_path, monkeypatch):
 def test_bad_threshold_is_refused(bad):
     with pytest.raises(ValueError, match="heap_mmap_threshold"):
         GNNPipeStrategy(heap_mmap_threshold=bad)
+
+
+HUGE_PAGE_PROBE = textwrap.dedent("""
+    import re
+    import torch
+    t = torch.empty(64 * 2**20, dtype=torch.uint8).fill_(1)  # touched: every page faulted in
+    rollup = open("/proc/self/smaps_rollup").read()
+    print(int(re.search(r"AnonHugePages:\\s+(\\d+) kB", rollup).group(1)) * 1024)
+""")
+
+
+def _thp_mode() -> str:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return "none"
+    return text.split("[")[1].split("]")[0]
+
+
+@pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="the kernel's transparent huge pages are off")
+def test_a_process_started_with_the_variable_backs_large_tensors_with_huge_pages():
+    """What ``huge_pages`` relies on: torch reads ``THP_MEM_ALLOC_ENABLE`` at start-up and madvises its blocks."""
+    def huge_bytes(env):
+        out = subprocess.run([sys.executable, "-c", HUGE_PAGE_PROBE], capture_output=True, text=True, timeout=120,
+                             env=env)
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout.split()[-1])
+
+    plain = {k: v for k, v in os.environ.items() if k != HUGE_PAGES_ENV}
+    assert huge_bytes({**plain, HUGE_PAGES_ENV: "1"}) >= 60 * 2**20  # of the 64 MiB tensor
+    if _thp_mode() == "madvise":
+        assert huge_bytes(plain) < 2**20
+
+
+@pytest.mark.parametrize("launcher_cls,parent", [(CheckedMultiProcessingLauncher, _compat.MultiProcessingLauncher),
+                                                 (HugePageScriptLauncher, _compat.SubprocessScriptLauncher)])
+@pytest.mark.parametrize("huge_pages,preset,seen", [(True, None, "1"), (False, None, None), (True, "0", "0")])
+def test_launchers_start_ranks_with_huge_pages(monkeypatch, launcher_cls, parent, huge_pages, preset, seen):
+    """The spawn and popen launchers start their processes with ``THP_MEM_ALLOC_ENABLE=1`` while they launch (a
+    value the user set stays), and leave the environment as it was."""
+    monkeypatch.delenv(HUGE_PAGES_ENV, raising=False)
+    if preset is not None:
+        monkeypatch.setenv(HUGE_PAGES_ENV, preset)
+    environments = []
+    monkeypatch.setattr(parent, "launch", lambda self, fn, *a, **k: environments.append(os.environ.get(HUGE_PAGES_ENV)))
+    strategy = GNNPipeStrategy(huge_pages=huge_pages)
+    if launcher_cls is CheckedMultiProcessingLauncher:
+        launcher = launcher_cls(strategy)
+    else:
+        launcher = launcher_cls(None, 2, 1, huge_pages=strategy.huge_pages)
+    launcher.launch(print, trainer=None)
+    assert environments == [seen]
+    assert os.environ.get(HUGE_PAGES_ENV) == preset
+
+
+def test_the_strategy_picks_the_popen_launcher_with_its_setting():
+    from lightning.fabric.plugins.environments import LightningEnvironment
+
+    strategy = GNNPipeStrategy(start_method="popen", huge_pages=False)
+    strategy.cluster_environment = LightningEnvironment()
+    strategy._configure_launcher()
+    assert isinstance(strategy.launcher, HugePageScriptLauncher) and strategy.launcher.huge_pages is False
+
+
+@pytest.mark.parametrize("bad", [1, "yes", None])
+def test_bad_huge_pages_is_refused(bad):
+    with pytest.raises(ValueError, match=r"`huge_pages` must be True or False \(got "):
+        GraphParallelStrategy(huge_pages=bad)

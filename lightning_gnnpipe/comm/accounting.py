@@ -173,5 +173,5 @@ def log_comm(module: Any, stats: CommStats) -> Dict[str, float]:
     loggers, which write on rank 0 only, see every stage's figures.
     """
     metrics = stats.world_metrics(device=module.device)
-    module.log_dict(metrics, on_step=False, on_epoch=True, batch_size=1)
+    module.log_dict(metrics, on_step=False, on_epoch=True, batch_size=1, sync_dist=True)  # same on every rank
     return metrics

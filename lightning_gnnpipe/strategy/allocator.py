@@ -1,22 +1,26 @@
-"""The heap setting of every rank: large tensors in their own memory mappings (glibc ``M_MMAP_THRESHOLD``).
+"""The allocator settings of every rank: large tensors in their own memory mappings (glibc ``M_MMAP_THRESHOLD``),
+backed by transparent huge pages (torch's ``THP_MEM_ALLOC_ENABLE``).
 
 On Linux, torch's CPU tensors come from glibc ``malloc``. A block of at least ``M_MMAP_THRESHOLD`` bytes gets its own
 ``mmap`` and goes back to the OS when it is freed; a smaller one comes from the heap, whose freed space is kept for
 later requests. glibc raises the threshold dynamically, up to 32 MiB, whenever a mapped block is freed. A pipeline
 stage allocates and frees many tensors of one chunk's rows (about ``|V| / K x d`` floats: 30.5 MiB for 125,000 rows
 of width 64) in an order the heap cannot pack, so with the dynamic threshold its heap grows well past what is alive.
-Measured on the 1,000,000-node graph of ``docs/results/scale.md`` (GCN-8, ``K = 8``, 1F1B, 2 processes): peak RSS of
-the largest rank 4.65 GiB with glibc's default, 3.16 GiB with a fixed 16 MiB threshold, epoch time 34.7 s and 32.7 s
-(``docs/results/notes/memory.md``, with the commands). The strategies fix the threshold in every rank
-(``heap_mmap_threshold``).
+A fixed threshold keeps the heap small, but every chunk-sized tensor is then a fresh mapping, faulted in page by page
+(4 KiB pages): on the 1,000,000-node graph of ``docs/results/scale.md`` that made the epoch 17-24% slower. torch
+advises its CPU blocks of 2 MiB and more as transparent huge pages when its environment variable
+``THP_MEM_ALLOC_ENABLE=1`` is set at the start of the process; then a fault maps 2 MiB at once. The strategies set it
+for the ranks they start (``huge_pages``). Measured figures, with the commands: ``docs/results/notes/memory.md``.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 M_MMAP_THRESHOLD = -3  # glibc <malloc.h>
 
@@ -53,3 +57,25 @@ def set_heap_mmap_threshold(nbytes: int) -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, int(nbytes)))
+
+
+HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
+"""torch's switch (read once, at a process's first CPU allocation): ``madvise(MADV_HUGEPAGE)`` on blocks >= 2 MiB."""
+
+
+@contextmanager
+def huge_pages_for_new_processes(enabled: bool = True) -> Iterator[None]:
+    """While open, processes started from this one get ``THP_MEM_ALLOC_ENABLE=1`` in their environment.
+
+    It takes effect only in a process that starts after it is set (torch reads it once), and only where the kernel's
+    ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise`` or ``always``. A value already in the
+    environment (the user's own, ``0`` included) is left as it is; on exit the environment is as before.
+    """
+    if not enabled or HUGE_PAGES_ENV in os.environ:
+        yield
+        return
+    os.environ[HUGE_PAGES_ENV] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(HUGE_PAGES_ENV, None)

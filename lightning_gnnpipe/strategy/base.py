@@ -11,12 +11,14 @@ runs a training step and computes the exact full-graph logits (:meth:`full_logit
 
 from __future__ import annotations
 
+import warnings
 from datetime import timedelta
 from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ParallelStrategy
@@ -27,8 +29,8 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torchmetrics import Metric
 
-from lightning_gnnpipe._compat import (SubprocessScriptLauncher, default_process_group_backend, init_dist_connection,
-                                       optimizers_to_device, sync_ddp_if_available)
+from lightning_gnnpipe._compat import (default_process_group_backend, init_dist_connection, optimizers_to_device,
+                                       sync_ddp_if_available)
 from lightning_gnnpipe.comm.accounting import CommStats, log_comm
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.nn.stack import LayerStack, infer_dims
@@ -37,7 +39,7 @@ from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.insight import PipelineInsight
 from lightning_gnnpipe.strategy.allocator import (DEFAULT_HEAP_MMAP_THRESHOLD, check_heap_mmap_threshold,
                                                   set_heap_mmap_threshold)
-from lightning_gnnpipe.strategy.launcher import CheckedMultiProcessingLauncher
+from lightning_gnnpipe.strategy.launcher import CheckedMultiProcessingLauncher, HugePageScriptLauncher
 from lightning_gnnpipe.strategy.precision import autocast_dtype, check_precision
 
 
@@ -61,9 +63,14 @@ class WholeGraphStrategy(ParallelStrategy):
             and more their own memory mapping, returned to the OS when freed, instead of glibc's dynamic threshold
             (:mod:`~lightning_gnnpipe.strategy.allocator`, with the measured effect). ``None`` leaves the C
             allocator as it is. Affects the rank's whole process.
+        huge_pages: Start the ranks this strategy starts (spawn: all; popen: all but rank 0, the launching process)
+            with torch's transparent huge pages for CPU tensors of 2 MiB and more (``THP_MEM_ALLOC_ENABLE=1``, unless
+            the environment sets it already), so that a page fault maps 2 MiB, not 4 KiB. Default ``True``. Under
+            torchrun/SLURM set ``THP_MEM_ALLOC_ENABLE=1`` in the job's environment instead.
 
     Raises:
-        ValueError: Unknown ``start_method``, bad ``profile_epoch`` or ``heap_mmap_threshold``.
+        ValueError: Unknown ``start_method``, bad ``profile_epoch`` or ``heap_mmap_threshold``, ``huge_pages`` not a
+            bool.
     """
 
     def __init__(
@@ -79,6 +86,7 @@ class WholeGraphStrategy(ParallelStrategy):
         checkpoint_io: Optional[CheckpointIO] = None,
         precision_plugin: Optional[Precision] = None,
         heap_mmap_threshold: Optional[int] = DEFAULT_HEAP_MMAP_THRESHOLD,
+        huge_pages: bool = True,
     ) -> None:
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
@@ -87,6 +95,9 @@ class WholeGraphStrategy(ParallelStrategy):
             raise ValueError(f"{type(self).__name__}: `start_method` must be 'spawn' or 'popen' (got {start_method!r}).")
         self._timeout, self._start_method = timeout, start_method
         self._heap_mmap_threshold = check_heap_mmap_threshold(heap_mmap_threshold, type(self).__name__)
+        if not isinstance(huge_pages, bool):
+            raise ValueError(f"{type(self).__name__}: `huge_pages` must be True or False (got {huge_pages!r}).")
+        self.huge_pages = huge_pages
         self._process_group_backend = process_group_backend
         self._num_nodes = 1
         self.insight = PipelineInsight(profile_epoch, trace_dir)  # epoch time, memory, bubble, traces
@@ -131,7 +142,8 @@ class WholeGraphStrategy(ParallelStrategy):
         assert self.cluster_environment is not None
         if self._start_method == "popen" or self.cluster_environment.creates_processes_externally:
             # popen, or torchrun/SLURM already started the processes (then this launcher is a no-op)
-            self._launcher = SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+            self._launcher = HugePageScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes,
+                                                    huge_pages=self.huge_pages)
         else:
             self._launcher = CheckedMultiProcessingLauncher(self, start_method=self._start_method)
 
@@ -141,6 +153,10 @@ class WholeGraphStrategy(ParallelStrategy):
         check_precision(self.precision_plugin, type(self).__name__)
         if self._heap_mmap_threshold is not None:  # in the rank's own process, before the graph is built
             set_heap_mmap_threshold(self._heap_mmap_threshold)
+        # Every rank logs the single-device values (one data-parallel replica, `reduce` below): Lightning's advice to
+        # log epoch metrics with sync_dist=True changes nothing here.
+        warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\(.*sync_dist=True\)`",
+                                category=PossibleUserWarning)
         super().setup_environment()
         self.set_world_ranks()
         self._process_group_backend = self._process_group_backend or default_process_group_backend(self.root_device)

@@ -94,8 +94,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         **kwargs: ``timeout`` (of every collective, a ``timedelta``; default 600 s), ``start_method``
             (``"spawn"`` or ``"popen"``; ignored under torchrun/SLURM), ``process_group_backend`` (``"gloo"`` or
             ``"nccl"``), ``profile_epoch`` (record this epoch with ``torch.profiler``, one Chrome trace per rank),
-            ``trace_dir`` and ``heap_mmap_threshold`` (bytes, default 16 MiB; ``None``: glibc's default):
-            as :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`.
+            ``trace_dir``, ``heap_mmap_threshold`` (bytes, default 16 MiB; ``None``: glibc's default) and
+            ``huge_pages`` (default ``True``): as :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`.
 
     Raises:
         ValueError: Unknown ``schedule``, ``balance`` or ``start_method``, bad ``profile_epoch``, a
@@ -249,8 +249,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         lm, batch = self.lightning_module, args[0]
         self._begin_step()
         self._labelled = None
-        self._history.before_epoch(lm.trainer.current_epoch,
-                                   lambda name, value: lm.log(name, value, batch_size=1, on_step=False, on_epoch=True))
+        self._history.before_epoch(lm.trainer.current_epoch, lambda name, value: lm.log(
+            name, value, batch_size=1, on_step=False, on_epoch=True, sync_dist=True))  # the same on every rank
         with self.precision_plugin.train_step_context():
             try:
                 logits, output = self._runtime.step(lambda full: self._user_loss(full, batch, args, kwargs),

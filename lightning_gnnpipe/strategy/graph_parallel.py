@@ -54,7 +54,7 @@ class GraphParallelStrategy(WholeGraphStrategy):
     Args:
         **kwargs: ``timeout`` (of every collective, default 600 s), ``start_method`` (``"spawn"`` or ``"popen"``),
             ``process_group_backend`` (``"gloo"`` or ``"nccl"``), ``profile_epoch``, ``trace_dir``,
-            ``heap_mmap_threshold``: as
+            ``heap_mmap_threshold``, ``huge_pages``: as
             :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`. No other option: graph parallelism has
             no stages, schedule or history tables.
 

@@ -126,7 +126,9 @@ class PipelineInsight(Callback):
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
             dist.all_gather(rows, mine)
-        log = dict(on_step=False, on_epoch=True, batch_size=1)
+        # every rank logs the gathered values; sync_dist=True is the strategy's identity reduce (one data-parallel
+        # replica) and keeps Lightning from asking for it
+        log = dict(on_step=False, on_epoch=True, batch_size=1, sync_dist=True)
         pl_module.log("time/epoch_s", max(float(r[0]) for r in rows), prog_bar=True, **log)
         metrics = {f"memory/{kind}/rank{i}": float(r[k]) for i, r in enumerate(rows)
                    for k, kind in ((1, "peak_bytes"), (2, "history_bytes"), (3, "graph_bytes"))}

@@ -1,4 +1,4 @@
-"""Lightning's spawn launcher, with the GNNPipe checks run in the main process first."""
+"""Lightning's launchers, with the GNNPipe checks run in the main process first and the ranks' allocator settings."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from typing import Any, Callable, Optional
 
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 
-from lightning_gnnpipe._compat import MultiProcessingLauncher
+from lightning_gnnpipe._compat import MultiProcessingLauncher, SubprocessScriptLauncher
+from lightning_gnnpipe.strategy.allocator import huge_pages_for_new_processes
 from lightning_gnnpipe.strategy.precision import check_precision
 
 
@@ -16,7 +17,9 @@ class CheckedMultiProcessingLauncher(MultiProcessingLauncher):
     Also fixes the loggers' run versions in the main process. A bad layout then raises its own
     clear error in the user's process instead of a traceback relayed from a spawned worker. In
     the workers, an error gets a note naming the rank and stage that raised it (see
-    :mod:`~lightning_gnnpipe.strategy.failures`); the main process re-raises it with that note.
+    :mod:`~lightning_gnnpipe.strategy.failures`); the main process re-raises it with that note. With the strategy's
+    ``huge_pages``, the workers start with torch's transparent huge pages on
+    (:func:`~lightning_gnnpipe.strategy.allocator.huge_pages_for_new_processes`).
     """
 
     def launch(self, function: Callable, *args: Any, trainer: Optional[Trainer] = None, **kwargs: Any) -> Any:
@@ -30,7 +33,8 @@ class CheckedMultiProcessingLauncher(MultiProcessingLauncher):
             # Trainer write into one run directory instead of each worker picking the next one.
             for logger in trainer.loggers:
                 _ = logger.version
-        return super().launch(function, *args, trainer=trainer, **kwargs)
+        with huge_pages_for_new_processes(self._strategy.huge_pages):
+            return super().launch(function, *args, trainer=trainer, **kwargs)
 
     def _wrapping_function(self, process_idx: int, *args: Any, **kwargs: Any) -> None:
         try:
@@ -38,3 +42,16 @@ class CheckedMultiProcessingLauncher(MultiProcessingLauncher):
         except BaseException as exc:
             self._strategy.on_exception(exc)
             raise
+
+
+class HugePageScriptLauncher(SubprocessScriptLauncher):
+    """Lightning's popen launcher; with ``huge_pages`` the ranks it starts (all but rank 0, the user's own process)
+    start with torch's transparent huge pages on. Under torchrun/SLURM it starts nothing."""
+
+    def __init__(self, *args: Any, huge_pages: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.huge_pages = huge_pages
+
+    def launch(self, function: Callable, *args: Any, trainer: Optional[Trainer] = None, **kwargs: Any) -> Any:
+        with huge_pages_for_new_processes(self.huge_pages):
+            return super().launch(function, *args, trainer=trainer, **kwargs)
