@@ -300,8 +300,8 @@ def write_page(args: argparse.Namespace) -> str:
                 "Epoch time: median of the epochs after the first (2-process modes: the slower rank per epoch). "
                 "Peak memory: peak RSS of the largest process (a rank for the 2-process modes; the launching "
                 "process holds the graph as well and is listed in the detail tables); machine: peak of "
-                "`psutil.virtual_memory().used` during the run minus its value just before (the machine was shared "
-                "with other jobs, so it is noisy). Bytes: all ranks, `comm/sent_total`. Planner: "
+                "`psutil.virtual_memory().used` during the run minus its value just before (it counts every process on the machine, so "
+                "other jobs add to it). Bytes: all ranks, `comm/sent_total`. Planner: "
                 "`estimate_layouts` / `recommend` of the package on 2 processes with per-layer seconds = the "
                 "`trainer_single` epoch split evenly (else `pyg_edge_index`, else `pyg_csr`) and the bandwidth "
                 "measured at the start of the 2-process runs."),
