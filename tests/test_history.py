@@ -83,10 +83,16 @@ def test_push_detaches_and_casts_and_pull_returns_a_copy():
     assert table.emb[1].tolist() == [3.0, 5.0]
 
 
-def test_push_in_bfloat16_rounds_the_value_before_the_average():
+def test_push_in_bfloat16_averages_in_the_values_precision_and_rounds_once():
+    """A narrow table (bfloat16: 8 significant bits, spacing 2^-7 in [1, 2)) rounds the moving average once, after
+    it: m = 0.5 of the old row 1 and the value 1 + 2^-7 + 2^-10 is 1.00439..., which rounds to 1 + 2^-7. Rounding the
+    value first (to 1 + 2^-7) would give 1 + 2^-8, a tie that rounds to 1."""
     table = History(1, 1, dtype=torch.bfloat16, momentum=0.5)
-    table.push(torch.tensor([0]), rows([1 + 2 ** -10]))  # rounds to 1 in bfloat16 (8 bits of mantissa)
-    assert table.emb.dtype == torch.bfloat16 and table.emb.item() == 0.5
+    table.refresh(rows([1.0]))
+    table.push(torch.tensor([0]), rows([1 + 2 ** -7 + 2 ** -10]))
+    assert table.emb.dtype == torch.bfloat16 and table.emb.item() == 1 + 2 ** -7
+    table.push(torch.tensor([0]), rows([1 + 2 ** -10]))  # the value alone would round to 1
+    assert table.emb.item() == 1 + 2 ** -7  # 0.5 (1 + 2^-7) + 0.5 (1 + 2^-10) = 1.0044: 1 + 2^-7 again
 
 
 def test_the_table_lives_on_the_requested_device_and_follows_module_to():

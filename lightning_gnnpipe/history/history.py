@@ -60,7 +60,8 @@ class History(nn.Module):
         """Write rows ``index`` ``(n,)`` with ``value`` ``(n, d)`` (detached).
 
         With ``momentum`` ``m > 0`` the rows become ``m * old + (1 - m) * value``: a moving average that
-        smooths historical embeddings across epochs (PipeGCN, Wan et al., ICLR 2022, arXiv 2203.10428).
+        smooths historical embeddings across epochs (PipeGCN, Wan et al., ICLR 2022, arXiv 2203.10428). The
+        average is taken in ``value``'s dtype and rounded once to the table's.
         """
         value = value.detach()
         index = self._rows(index)

@@ -99,8 +99,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
 
     Raises:
         ValueError: Unknown ``schedule``, ``balance`` or ``start_method``, bad ``profile_epoch``, a
-            ``stages_per_rank`` the schedule does not take, a multi-stage schedule with
-            ``halo_gradients="stale"`` or ``graph_parallel_size > 1`` (here); bad
+            ``stages_per_rank`` the schedule does not take, a ``history_dtype`` that is no float dtype, a
+            multi-stage schedule with ``halo_gradients="stale"`` or ``graph_parallel_size > 1`` (here); bad
             layouts or a precision other than ``"32-true"`` / ``"bf16-mixed"`` before the process group
             starts (see :func:`~lightning_gnnpipe.strategy.checks.check_layout` and
             :func:`~lightning_gnnpipe.strategy.precision.check_precision`); on resume, a checkpoint whose
