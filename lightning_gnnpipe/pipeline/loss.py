@@ -1,7 +1,7 @@
 """The last stage's per-micro-batch loss, built from the user's own loss.
 
 The schedules call ``loss_fn(output_mb, target_mb)`` right after each chunk's forward on the
-last stage and later backpropagate what it returns. Two modes:
+last stage and later backpropagate what it returns. Three modes:
 
 * ``"deferred"`` (GPipe): the user's ``training_step`` needs the whole graph's output, which
   exists only after the last chunk's forward. Every chunk returns a zero-valued proxy whose
@@ -9,11 +9,16 @@ last stage and later backpropagate what it returns. Two modes:
   leaf ``(|V|, C)``, the user's loss is evaluated on it once and differentiated. GPipe runs
   every forward before any backward, so the gradients exist when the proxies need them.
   Exact for any loss.
-* ``"chunk"`` (1F1B and other schedules that interleave backwards): the LightningModule's
-  ``pipeline_chunk_loss(out, batch, node_index)`` returns chunk ``c``'s part of the loss;
-  the parts must add up to the full-graph loss.
+* ``"separable"`` (1F1B and other schedules that interleave backwards, with a loss that passed
+  :func:`~lightning_gnnpipe.pipeline.separable.probe_row_separable`): right after chunk ``c``'s forward the user's
+  loss is evaluated on a full ``(|V|, C)`` output holding chunk ``c``'s live rows and, elsewhere, detached
+  placeholders (the latest rows of the other chunks: this step's for earlier chunks, the last step's for later
+  ones). Its gradient on chunk ``c``'s rows does not depend on the placeholders, so backpropagating it gives
+  ``dL/d(out_c)`` exactly. The loss runs ``K`` times per step (the strategy silences logging in those calls).
+* ``"chunk"`` (the same schedules): the LightningModule's ``pipeline_chunk_loss(out, batch, node_index)``
+  returns chunk ``c``'s part of the loss; the parts must add up to the full-graph loss.
 
-Both modes use ``scale_grads=False``: the full-graph loss is already normalised by the
+All modes use ``scale_grads=False``: the full-graph loss is already normalised by the
 global number of labelled nodes, so ``K = 1`` and ``K > 1`` get the same gradient scale.
 """
 
@@ -82,7 +87,7 @@ class PipelineLoss:
     Args:
         graph: Chunk-local graph (for the inner node ids).
         num_nodes: ``|V|``.
-        mode: ``"deferred"`` or ``"chunk"``.
+        mode: ``"deferred"``, ``"separable"`` or ``"chunk"``.
         chunks: The chunks this pipeline runs (default: all). Hybrid parallelism: partition ``g``'s.
         gather: Hybrid parallelism: turns this pipeline's ``(|V|, C)`` logits (zero outside its chunks)
             into the whole graph's (a sum over the last stages of all pipelines), called once per step.
@@ -98,6 +103,7 @@ class PipelineLoss:
         self.gather = gather
         self.full_loss: Optional[FullLoss] = None
         self.chunk_loss: Optional[ChunkLoss] = None
+        self._rows: Optional[Tensor] = None  # separable: the latest (|V|, C) output rows, kept across steps
         self.reset()
 
     def reset(self, full_loss: Optional[FullLoss] = None, chunk_loss: Optional[ChunkLoss] = None) -> None:
@@ -115,21 +121,36 @@ class PipelineLoss:
         if self.mode == "chunk":
             assert self.chunk_loss is not None
             return self.chunk_loss(out[:n], c)
+        if self.mode == "separable":
+            assert self.full_loss is not None
+            rows = self._latest_rows(out)
+            rows[self.graph.nodes[c]] = out[:n].detach()
+            loss, _ = self.full_loss(rows.index_put((self.graph.nodes[c],), out[:n]))  # only chunk c's rows live
+            return loss
         if all(self.outputs[k] is not None for k in self.chunks):
             self._finish()
         return _DeferredOutputGrad.apply(out, self, c)
+
+    def _latest_rows(self, out: Tensor) -> Tensor:
+        """The ``(|V|, C)`` buffer of the latest output rows (zeros outside this pipeline's chunks)."""
+        if self._rows is None or self._rows.dtype != out.dtype:
+            self._rows = out.new_zeros(self.num_nodes, out.size(-1))
+        return self._rows
 
     def logits(self) -> Tensor:
         """Assemble the chunks' outputs into ``(|V|, C)`` (detached); gathered once per step if hybrid."""
         if self._logits is not None:
             return self._logits
-        first = next(o for o in self.outputs if o is not None)
-        full = first.new_zeros(self.num_nodes, first.size(-1))
-        for c in self.chunks:
-            o = self.outputs[c]
-            if o is None:
-                raise RuntimeError(f"PipelineLoss: chunk {c} produced no output in this step.")
-            full[self.graph.nodes[c]] = o
+        missing = [c for c in self.chunks if self.outputs[c] is None]
+        if missing:
+            raise RuntimeError(f"PipelineLoss: chunk {missing[0]} produced no output in this step.")
+        if self.mode == "separable":
+            full = self._rows.clone()  # type: ignore[union-attr]  # every chunk wrote its rows this step
+        else:
+            first = next(o for o in self.outputs if o is not None)
+            full = first.new_zeros(self.num_nodes, first.size(-1))
+            for c in self.chunks:
+                full[self.graph.nodes[c]] = self.outputs[c]
         self._logits = self.gather(full) if self.gather is not None else full
         return self._logits
 

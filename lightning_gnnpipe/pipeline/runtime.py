@@ -140,12 +140,17 @@ class PipelineRuntime:
         """Per local stage: (widths it receives, widths it sends)."""
         return {i: (st.input_widths, st.output_widths) for i, st in zip(self.layout.stage_ids, self.stages)}
 
-    def build_schedule(self, schedule: str) -> None:
-        """Build the loss (on the last stage) and the schedule; needed by :meth:`step` only (fit)."""
+    def build_schedule(self, schedule: str, loss_mode: str = "deferred") -> None:
+        """Build the loss (on the last stage) and the schedule; needed by :meth:`step` only (fit).
+
+        Args:
+            schedule: A key of :data:`~lightning_gnnpipe.pipeline.schedule.SCHEDULES`.
+            loss_mode: How the last stage gets each chunk's output gradient (:class:`PipelineLoss`):
+                ``"deferred"`` (GPipe only), ``"separable"`` or ``"chunk"``.
+        """
         lay, last = self.layout, self.num_virtual_stages - 1
         gather = self._sum_partitions if lay.graph_parallel_size > 1 else None
-        mode = "deferred" if schedule == "gpipe" else "chunk"
-        self.loss = PipelineLoss(self.stages[-1].graph, self.num_nodes, mode, chunks=self.chunk_ids,
+        self.loss = PipelineLoss(self.stages[-1].graph, self.num_nodes, loss_mode, chunks=self.chunk_ids,
                                  gather=gather) if last in lay.stage_ids else None
         modules, in_dtypes, out_dtypes = [], [], []
         for i, stage in zip(lay.stage_ids, self.stages):
@@ -167,8 +172,9 @@ class PipelineRuntime:
         """Run one training step (every chunk forward and backward); return the logits and the loss output.
 
         Args:
-            full_loss: ``full_loss(logits (|V|, C)) -> (loss, output)``: the user's ``training_step`` (GPipe).
-            chunk_loss: ``chunk_loss(out (n_c, C), c) -> loss``: the chunk loss (other schedules).
+            full_loss: ``full_loss(logits (|V|, C)) -> (loss, output)``: the user's ``training_step`` (loss modes
+                ``"deferred"`` and ``"separable"``; in the latter it is called once per chunk and must not log).
+            chunk_loss: ``chunk_loss(out (n_c, C), c) -> loss``: the chunk loss (loss mode ``"chunk"``).
 
         Returns:
             The full-graph logits ``(|V|, C)`` on every rank of the pipeline, and the last stage's step output

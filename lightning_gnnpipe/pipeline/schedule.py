@@ -34,6 +34,10 @@ MULTI_STAGE_SCHEDULES: Dict[str, type] = {
 SCHEDULES: Dict[str, type] = {**SINGLE_STAGE_SCHEDULES, **MULTI_STAGE_SCHEDULES}
 """Schedule names accepted by :class:`~lightning_gnnpipe.GNNPipeStrategy`."""
 
+AUTO = "auto"
+"""The default schedule name: ``"1f1b"`` where the loss and ``K >= S`` allow it, else ``"gpipe"``
+(:func:`~lightning_gnnpipe.strategy.schedule_choice.choose_schedule`)."""
+
 _ROUNDS_RULE = ("interleaved_1f1b", "interleaved_zb")
 
 
@@ -57,17 +61,25 @@ def check_schedule(name: object, num_chunks: Optional[int] = None, num_stages: O
         num_stages: ``S``, ranks per pipeline.
         stages_per_rank: ``v``, virtual stages per rank.
 
+    ``"auto"`` (:data:`AUTO`) takes ``v = 1`` and any ``K``: it becomes ``"gpipe"`` when ``K < S``.
+
     Raises:
-        ValueError: Unknown name; ``v != 1`` with a single-stage schedule, ``v < 2`` with a
+        ValueError: Unknown name; ``v != 1`` with a single-stage schedule or ``"auto"``, ``v < 2`` with a
             multi-stage one, ``v != 2`` with ``"zbv"``; ``K`` not valid for the schedule.
     """
-    if name not in SCHEDULES:
+    if name not in SCHEDULES and name != AUTO:
         raise ValueError(
-            f"GNNPipeStrategy: unknown `schedule` {name!r}. Valid schedules: {sorted(SCHEDULES)}."
+            f"GNNPipeStrategy: unknown `schedule` {name!r}. Valid schedules: {[AUTO] + sorted(SCHEDULES)}."
         )
     v = stages_per_rank
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"GNNPipeStrategy: `stages_per_rank` must be an int >= 1 (got {v!r}).")
+    if name == AUTO and v != 1:
+        raise ValueError(
+            f"GNNPipeStrategy: schedule 'auto' chooses between 'gpipe' and '1f1b', one stage per rank, so "
+            f"`stages_per_rank` must be 1 (got stages_per_rank={v}). Name a multi-stage schedule "
+            f"{sorted(MULTI_STAGE_SCHEDULES)} for several stages per rank."
+        )
     if name in SINGLE_STAGE_SCHEDULES and v != 1:
         raise ValueError(
             f"GNNPipeStrategy: schedule {name!r} runs one stage per rank, so `stages_per_rank` must be 1 "

@@ -274,14 +274,6 @@ class WholeGraphStrategy(ParallelStrategy):
         for p in self.lightning_module.parameters():
             p.grad = None
 
-    def _user_loss(self, full: Tensor, batch: Any, args: tuple, kwargs: dict):
-        """Run the user's ``training_step`` on the full-graph output ``full`` ``(|V|, C)``; return ``(loss, output)``."""
-        assert self._stack is not None
-        with stack_returns(self._stack.module, full, batch):
-            output = self.lightning_module.training_step(*args, **kwargs)
-        loss = output["loss"] if isinstance(output, dict) else output
-        return loss, output
-
     def kept_bytes(self) -> Tuple[int, int]:
         """Bytes this rank keeps for the whole fit, ``(history tables, chunk graphs)`` (0, 0 before setup)."""
         runtime = getattr(self, "_runtime", None)

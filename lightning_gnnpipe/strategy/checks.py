@@ -14,7 +14,6 @@ from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack
 from lightning_gnnpipe.pipeline.schedule import check_schedule, is_multi_stage
 from lightning_gnnpipe.pipeline.split import split_layers
 
-CHUNK_LOSS_HOOK = "pipeline_chunk_loss"
 
 
 def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: int, history_momentum: float,
@@ -89,8 +88,9 @@ def check_layout(
         ValueError: A process count that is not a multiple of ``G``, a DataModule whose ``num_parts`` is not
             ``G``, more (virtual) stages than layers, a multi-hop conv, a graph-wide norm layer (see
             :func:`~lightning_gnnpipe.nn.feature_norm.check_feature_norms`), a schedule that cannot run with
-            the given ``K``, ``S`` and ``v`` (:func:`~lightning_gnnpipe.pipeline.schedule.check_schedule`), a
-            non-GPipe schedule without ``pipeline_chunk_loss``, or a multi-stage schedule with ``G > 1``.
+            the given ``K``, ``S`` and ``v`` (:func:`~lightning_gnnpipe.pipeline.schedule.check_schedule`), or a
+            multi-stage schedule with ``G > 1``. Whether the loss can drive a schedule other than GPipe is decided
+            at setup (:mod:`~lightning_gnnpipe.strategy.schedule_choice`).
     """
     G, world = graph_parallel_size, world_size if world_size is not None else num_stages * graph_parallel_size
     if world % G:
@@ -136,13 +136,6 @@ def check_layout(
         ) from err
     if fitting:
         check_schedule(schedule, datamodule.num_chunks // graph_parallel_size, num_stages, stages_per_rank)
-        if schedule != "gpipe" and not callable(getattr(module, CHUNK_LOSS_HOOK, None)):
-            raise ValueError(
-                f"GNNPipeStrategy: schedule {schedule!r} runs backwards before all chunks have run forward, "
-                f"so the full-graph `training_step` loss cannot drive it (got no `{CHUNK_LOSS_HOOK}` on "
-                f"{type(module).__name__}). Define `{CHUNK_LOSS_HOOK}(self, out, batch, node_index)` "
-                "(see docs/quickstart.md) or use schedule='gpipe'."
-            )
     return stack
 
 

@@ -21,17 +21,18 @@ from torch import Tensor
 from lightning_gnnpipe.history.lifecycle import HistoryLifecycle
 from lightning_gnnpipe.nn.stack import LayerStack
 from lightning_gnnpipe.pipeline.balance import check_balance, stage_layers
-from lightning_gnnpipe.pipeline.loss import labelled_chunks
+from lightning_gnnpipe.pipeline.schedule import AUTO
 from lightning_gnnpipe.pipeline.runtime import PipelineRuntime, RankLayout, check_stage_widths
 from lightning_gnnpipe.strategy.base import WholeGraphStrategy
 from lightning_gnnpipe.strategy.checkpoint import PipelineCheckpointHooks, restore_history
-from lightning_gnnpipe.strategy.checks import (CHUNK_LOSS_HOOK, check_layout, check_lightning_usage,
-                                              check_pipeline_options)
+from lightning_gnnpipe.strategy.checks import check_layout, check_lightning_usage, check_pipeline_options
 from lightning_gnnpipe.strategy.failures import unwrap_stage_error
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.precision import global_norm_clipping
+from lightning_gnnpipe.strategy.schedule_choice import ScheduleChoice, choose_schedule, probe_on_one_rank
 from lightning_gnnpipe.strategy.state import tensor_owners
-from lightning_gnnpipe.strategy.topology import PipelineTopology, build_mesh, group_rank
+from lightning_gnnpipe.strategy.topology import PipelineTopology, build_mesh
+from lightning_gnnpipe.strategy.user_loss import UserLoss, has_chunk_loss
 
 
 class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
@@ -52,10 +53,12 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
     historical rows), so their metrics are the model's true full-graph metrics.
 
     Args:
-        schedule: ``"gpipe"`` (default; exact for any ``training_step`` loss) or ``"1f1b"``
-            (needs ``pipeline_chunk_loss`` on the module, see ``docs/quickstart.md``); with
-            ``stages_per_rank >= 2``: ``"interleaved_1f1b"``, ``"looped_bfs"``, ``"interleaved_zb"`` or
-            ``"zbv"`` (also need ``pipeline_chunk_loss``; see ``docs/choosing.md``).
+        schedule: ``"auto"`` (default): ``"1f1b"`` when the ``training_step`` loss is a sum of per-node terms (checked
+            once at setup, see :mod:`~lightning_gnnpipe.strategy.schedule_choice`) or the module defines
+            ``pipeline_chunk_loss``, and ``K / G >= S``; else ``"gpipe"``, with one line saying why. ``"gpipe"``
+            (exact for any loss; keeps every chunk's activations until the backward) or ``"1f1b"`` (at most about
+            ``S`` chunks'; same step); with ``stages_per_rank >= 2``: ``"interleaved_1f1b"``, ``"looped_bfs"``,
+            ``"interleaved_zb"`` or ``"zbv"`` (same loss rule as 1F1B; see ``docs/choosing.md``).
         stages_per_rank: ``v``, virtual stages per process. The ``L`` layers are cut into ``S * v``
             stages; virtual stage ``i`` runs on rank ``i % S`` (loop placement), or for ``"zbv"`` (``v = 2``)
             rank ``r`` runs stages ``r`` and ``2S - 1 - r`` (V shape). Default 1 (one stage per process).
@@ -103,8 +106,9 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             multi-stage schedule with ``halo_gradients="stale"`` or ``graph_parallel_size > 1`` (here); bad
             layouts or a precision other than ``"32-true"`` / ``"bf16-mixed"`` before the process group
             starts (see :func:`~lightning_gnnpipe.strategy.checks.check_layout` and
-            :func:`~lightning_gnnpipe.strategy.precision.check_precision`); on resume, a checkpoint whose
-            history tables do not fit the model.
+            :func:`~lightning_gnnpipe.strategy.precision.check_precision`); at setup, a named schedule other than
+            ``"gpipe"`` whose loss is neither separable nor given by ``pipeline_chunk_loss``; on resume, a
+            checkpoint whose history tables do not fit the model.
         TypeError: No ``GraphChunkDataModule`` or no splittable layer stack, before the process group starts.
         RuntimeError: The ranks built different chunk plans or stage widths (at setup); a ``training_step``
             whose loss does not depend on the model's output, or that calls the layer stack with other or
@@ -115,7 +119,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
 
     def __init__(
         self,
-        schedule: str = "gpipe",
+        schedule: str = AUTO,
         refresh_on_start: bool = True,
         refresh_every: int = 0,
         history_momentum: float = 0.0,
@@ -146,7 +150,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         self._resume_state: Optional[Dict[str, Any]] = None
         self._owners: Dict[int, int] = {}
         self._layers: List[List[int]] = []  # layers of every rank of the pipeline (S lists)
-        self._labelled: Optional[List[bool]] = None  # per chunk: has training nodes (this step)
+        self.schedule_choice: Optional[ScheduleChoice] = None  # what this fit runs (set at setup)
+        self._loss: Optional[UserLoss] = None  # the user's loss, handed to the runtime each step
 
     # ------------------------------------------------------------------ layout
     @property
@@ -169,11 +174,6 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
     def partition_index(self) -> int:
         """``g``: this rank's graph partition (its pipeline), 0 without hybrid parallelism."""
         return self.topology.partition_index(self.global_rank)
-
-    @property
-    def is_last_stage(self) -> bool:
-        """Whether this rank runs the pipeline's last stage (it computes the loss)."""
-        return self.stage_index == self.topology.last_stage_rank
 
     def _setup_groups(self) -> None:
         self.device_mesh, self._pp_group, self._gp_group = build_mesh(self.topology, self.root_device.type,
@@ -218,7 +218,17 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         self._history = HistoryLifecycle(runtime.stages, runtime.full_forward, self.refresh_every,
                                          self.log_staleness, trainer.datamodule.stale_read_stats())
         if trainer.state.fn == TrainerFn.FITTING:
-            runtime.build_schedule(self.schedule_name)
+            self._loss = UserLoss(self.lightning_module, stack.module, runtime.stages[-1].graph.nodes)
+            batch = self.batch_to_device(trainer.datamodule.data)
+            probe = probe_on_one_rank(lambda: self._loss.probe(batch, self._dims[-1], x.dtype, self.root_device),
+                                      topo.virtual_stage_ranks[-1], rank, self.broadcast)
+            choice = self.schedule_choice = choose_schedule(
+                self.schedule_name, plan.num_chunks // self.graph_parallel_size, self.num_stages,
+                has_chunk_loss(self.lightning_module), probe)
+            if choice.reason is not None:
+                rank_zero_info(f"GNNPipeStrategy: schedule 'gpipe', not '1f1b': {choice.reason}.")
+            self._loss.loss_mode = choice.loss_mode
+            runtime.build_schedule(choice.schedule, choice.loss_mode)
 
     def _training_precision(self, plugin: Precision) -> Precision:
         # A rank holds only its stage's gradients: clip by the norm over all stages (strategy/precision.py).
@@ -246,15 +256,14 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
     # ------------------------------------------------------------------ steps
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         assert self._runtime is not None and self._history is not None and self._stack is not None
+        assert self._loss is not None
         lm, batch = self.lightning_module, args[0]
         self._begin_step()
-        self._labelled = None
         self._history.before_epoch(lm.trainer.current_epoch, lambda name, value: lm.log(
             name, value, batch_size=1, on_step=False, on_epoch=True, sync_dist=True))  # the same on every rank
         with self.precision_plugin.train_step_context():
             try:
-                logits, output = self._runtime.step(lambda full: self._user_loss(full, batch, args, kwargs),
-                                                    lambda out, c: self._chunk_loss(out, c, batch))
+                logits, output = self._runtime.step(*self._loss.for_step(batch, args, kwargs))
             except RuntimeError as exc:
                 original = unwrap_stage_error(exc)
                 if original is exc:
@@ -265,15 +274,6 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
                 with torch.no_grad(), stack_returns(self._stack.module, logits, batch):
                     output = lm.training_step(*args, **kwargs)
         return self._end_step(output)
-
-    def _chunk_loss(self, out: Tensor, c: int, batch: Any) -> Tensor:
-        assert self._runtime is not None
-        nodes = self._runtime.stages[-1].graph.nodes
-        if self._labelled is None:  # once per step
-            self._labelled = labelled_chunks(batch, nodes)
-        if not self._labelled[c]:
-            return out.sum() * 0.0  # the chunk still runs forward and backward, and adds exactly zero
-        return getattr(self.lightning_module, CHUNK_LOSS_HOOK)(out, batch, nodes[c])
 
     def full_logits(self) -> Tensor:
         assert self._runtime is not None
@@ -289,7 +289,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         return f"rank {self.global_rank} ({', '.join(parts)})"
 
     def teardown(self) -> None:
-        self._runtime = self._history = self._resume_state = None
+        self._runtime = self._history = self._resume_state = self.schedule_choice = self._loss = None
         super().teardown()
 
     @classmethod

@@ -37,6 +37,7 @@ from lightning_gnnpipe.strategy.base import WholeGraphStrategy
 from lightning_gnnpipe.strategy.checks import check_lightning_usage
 from lightning_gnnpipe.strategy.gnnpipe import GNNPipeStrategy
 from lightning_gnnpipe.strategy.partition_forward import PartitionForward
+from lightning_gnnpipe.strategy.user_loss import run_training_step
 
 
 class GraphParallelStrategy(WholeGraphStrategy):
@@ -165,7 +166,8 @@ class GraphParallelStrategy(WholeGraphStrategy):
         with self.precision_plugin.train_step_context():
             out = self._forward(stats, epoch=lm.trainer.current_epoch)
             logits = self._gather_logits(out, stats)
-            grad, output = output_grad(lambda full: self._user_loss(full, batch, args, kwargs), logits)
+            grad, output = output_grad(lambda full: run_training_step(lm, self._stack.module, full, batch, args,
+                                                                      kwargs), logits)
             out.backward(grad[self._nodes[self.global_rank]])
             all_reduce_grads(self._params, stats, self.num_parts)
         stats.step_s = time.perf_counter() - t0
