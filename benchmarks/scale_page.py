@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 GIB = 2**30
-MODES = ["pyg_edge_index", "pyg_csr", "trainer_single", "gnnpipe_k8", "gnnpipe_k16", "gnnpipe_1f1b_k8",
+MODES = ["pyg_edge_index", "pyg_csr", "trainer_single", "gnnpipe_default", "gnnpipe_k8", "gnnpipe_k16", "gnnpipe_1f1b_k8",
          "gnnpipe_ckpt_k8", "gnnpipe_1f1b_ckpt_k8", "gnnpipe_1f1b_bf16h_k8", "graph_parallel"]
 GNNPIPE = ("gnnpipe_k8", "gnnpipe_k16", "gnnpipe_1f1b_k8", "gnnpipe_ckpt_k8", "gnnpipe_1f1b_ckpt_k8",
            "gnnpipe_1f1b_bf16h_k8")

@@ -7,7 +7,9 @@
 * ``pyg_csr``: the same loop on a CSR ``adj_t`` (GCN: ``gcn_norm`` baked into the values, convs with
   ``normalize=False``; SAGE: unweighted, mean aggregation by ``spmm``); the edge list is freed;
 * ``trainer_single``: ``Trainer(devices=1)`` on :class:`ScaleModule`, ``GraphChunkDataModule(num_chunks=1)``;
-* ``gnnpipe_k8`` / ``gnnpipe_k16``: ``Trainer(devices=2, strategy=GNNPipeStrategy())``, ``num_chunks`` 8 / 16;
+* ``gnnpipe_default``: ``Trainer(devices=2, strategy=GNNPipeStrategy())`` with every default and the ordinary module
+  (no ``pipeline_chunk_loss``), ``num_chunks=8``: what a user who passes the strategy gets;
+* ``gnnpipe_k8`` / ``gnnpipe_k16``: ``GNNPipeStrategy(schedule="gpipe")``, ``num_chunks`` 8 / 16;
 * ``gnnpipe_1f1b_k8``: the same with ``schedule="1f1b"`` (at most about ``S`` chunks' activations alive), K = 8;
 * ``gnnpipe_ckpt_k8`` / ``gnnpipe_1f1b_ckpt_k8``: GPipe / 1F1B, K = 8, ``activation_checkpointing=True``;
 * ``gnnpipe_1f1b_bf16h_k8``: 1F1B, K = 8, ``history_dtype="bfloat16"`` (history tables in half the bytes);
@@ -54,10 +56,12 @@ from tests.helpers import ChunkLossGCN, GNNModule  # noqa: E402  (ordinary PyG L
 
 THREADS_SINGLE = 2  # intra-op threads of the single-process modes (the machine's 2 cores; spec "threads_single")
 THREADS_RANK = 1  # per process of the 2-process modes
-TWO_PROCESS = {"gnnpipe_k8": 8, "gnnpipe_k16": 16, "gnnpipe_1f1b_k8": 8, "gnnpipe_ckpt_k8": 8,
+TWO_PROCESS = {"gnnpipe_default": 8, "gnnpipe_k8": 8, "gnnpipe_k16": 16, "gnnpipe_1f1b_k8": 8, "gnnpipe_ckpt_k8": 8,
                "gnnpipe_1f1b_ckpt_k8": 8, "gnnpipe_1f1b_bf16h_k8": 8, "graph_parallel": 2}  # mode -> num_chunks
 STRATEGIES = {  # mode -> strategy factory
-    "gnnpipe_k8": GNNPipeStrategy, "gnnpipe_k16": GNNPipeStrategy,
+    "gnnpipe_default": GNNPipeStrategy,
+    "gnnpipe_k8": functools.partial(GNNPipeStrategy, schedule="gpipe"),
+    "gnnpipe_k16": functools.partial(GNNPipeStrategy, schedule="gpipe"),
     "gnnpipe_1f1b_k8": functools.partial(GNNPipeStrategy, schedule="1f1b"),
     "gnnpipe_ckpt_k8": functools.partial(GNNPipeStrategy, activation_checkpointing=True),
     "gnnpipe_1f1b_ckpt_k8": functools.partial(GNNPipeStrategy, schedule="1f1b", activation_checkpointing=True),
@@ -250,7 +254,8 @@ def run_trainer(spec: dict, data: Data, run_dir: Path) -> dict:
                       max_epochs=spec["epochs"], logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                       limit_val_batches=0, callbacks=[Probe(str(run_dir), threads)])
-    trainer.fit(ScaleModule(build_model(spec)), datamodule=dm)
+    module = (GNNModule if mode == "gnnpipe_default" else ScaleModule)(build_model(spec))
+    trainer.fit(module, datamodule=dm)
     ranks = [json.loads((run_dir / f"epochs_rank{r}.json").read_text()) for r in range(devices)]
     per_epoch = [max(r["epochs"][e]["epoch_s"] for r in ranks) for e in range(len(ranks[0]["epochs"]))]
     metrics = [e.get("metrics", {}) for e in ranks[0]["epochs"]]

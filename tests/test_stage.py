@@ -223,3 +223,42 @@ def test_activation_checkpointing_leaves_the_sgd_step_identical(cora, sparse):
     assert torch.equal(results[0][0], results[1][0])
     for a, b in zip(results[0][1], results[1][1]):
         assert torch.equal(a, b)
+
+
+def test_tables_keep_the_boundary_rows_only_and_compute_the_same(cora):
+    """On Cora cut into 8 chunks a quarter of the nodes are another chunk's halo: the tables keep those rows alone
+    (and a row map), and the chunked forward with stale tables equals the one with full tables bit for bit."""
+    import lightning_gnnpipe.pipeline.stage as stage_module
+
+    torch.manual_seed(0)
+    gnn = MODELS["gcn"](cora.num_features, 7).eval()
+    plan, lean = make_stages(gnn, cora, num_chunks=8, num_stages=2, sparse=True)
+    boundary = torch.cat(plan.halo).unique()
+    assert boundary.numel() < 0.3 * cora.num_nodes
+    for stage in lean:
+        for table in stage.histories.values():
+            assert torch.equal(table.node_ids, boundary) and table.emb.size(0) == boundary.numel()
+    full_rows = stage_module.BOUNDARY_ROWS
+    try:
+        stage_module.BOUNDARY_ROWS = 0.0  # never a row map: every node has a row
+        _, full = make_stages(gnn, cora, num_chunks=8, num_stages=2, sparse=True)
+    finally:
+        stage_module.BOUNDARY_ROWS = full_rows
+    assert all(t.emb.size(0) == cora.num_nodes for s in full for t in s.histories.values())
+    torch.manual_seed(1)
+    noise = torch.randn_like(cora.x)
+    outs = []
+    for stages in (lean, full):
+        h = noise  # historical rows: the tables hold another input's embeddings
+        for stage in stages:
+            h = stage.forward_full(h, write_history=True)
+        m, x_pad = plan.max_chunk_size, plan.pad(cora.x)
+        out = torch.zeros(cora.num_nodes, 7)
+        for c in range(plan.num_chunks):  # fresh rows for earlier chunks (pushed), historical for later ones
+            h = x_pad[c * m: (c + 1) * m]
+            for stage in stages:
+                h = stage(h, chunk_id=torch.tensor([c]))
+            out[plan.nodes[c]] = h[: plan.nodes[c].numel()]
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    assert not torch.allclose(outs[0], refreshed_chunked_forward(plan, full, cora.x))  # the historical rows mattered

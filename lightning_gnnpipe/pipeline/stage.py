@@ -32,6 +32,11 @@ from lightning_gnnpipe.nn.chunk_call import ChunkCaller
 from lightning_gnnpipe.nn.stack import call_block, uses_graph
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph
 
+BOUNDARY_ROWS = 0.9
+"""Tables keep rows for the boundary nodes alone (a row map) when they are at most this fraction of ``|V|``: on real
+graphs cut by METIS few nodes are another chunk's halo (Cora, K = 8: 25%; CiteSeer: 8%); above it the map costs
+more than it saves."""
+
 STAGE_ERROR = "_gnnpipe_stage_index"
 """Attribute set on an exception raised inside :meth:`GNNStage.forward`: the (virtual) stage index."""
 
@@ -60,7 +65,8 @@ class GNNStage(nn.Module):
             stage (:class:`~lightning_gnnpipe.comm.exchange.StageExchange`); needs ``halo_gradients="detach"``.
             The stage then runs only ``chunks`` (its partition's), its history tables hold the rows of those
             chunks and their halos (not ``|V|``), and :meth:`forward_full` sums the partitions' rows over the
-            exchange's group.
+            exchange's group. Without it a table holds rows for the boundary nodes only (the nodes in some chunk's
+            halo: the only rows ever read) when they are at most :data:`BOUNDARY_ROWS` of ``|V|``.
         chunks: The chunks this stage runs (default: all); with ``exchange``, ``graph`` needs halos and edges of
             these only.
 
@@ -117,16 +123,21 @@ class GNNStage(nn.Module):
         mine = set(self.chunks)
         self._rows = [torch.cat([n, h]) if c in mine else n[:0]  # global id of each local row of the chunks it runs
                       for c, (n, h) in enumerate(zip(graph.nodes, graph.halo))]
-        rows = {}
+        rows: Dict[str, Tensor] = {}
+        self._pushed: List[Optional[Tensor]] = [None] * graph.num_chunks  # per chunk: its rows that have a table row
         if exchange is not None:  # hybrid: rows of this partition's chunks and of their halos only
             ids = torch.cat([t for c in self.chunks for t in (graph.nodes[c], graph.halo[c])]).unique()
-            row_of = torch.full((num_nodes,), -1, dtype=torch.long, device=device)
-            row_of[ids] = torch.arange(ids.numel(), device=device)
-            rows = {"node_ids": ids, "row_of": row_of}
+            rows = self._row_map(ids, num_nodes)
             received = [p.recv_ids for c, p in enumerate(exchange.plans) if p is not None and c in mine]
-            if received and bool((row_of[torch.cat(received)] < 0).any()):  # would read and write row -1
+            if received and bool((rows["row_of"][torch.cat(received)] < 0).any()):  # would read and write row -1
                 raise RuntimeError("GNNStage: the hybrid exchange delivers rows of nodes outside this partition's "
                                    "chunks and halos; the chunk plan and the slot plans do not match.")
+        else:  # only boundary nodes (some chunk's halo) are ever read from a table: keep rows for them alone
+            ids = torch.cat([graph.halo[c] for c in self.chunks]).unique()
+            if ids.numel() <= BOUNDARY_ROWS * num_nodes:
+                rows = self._row_map(ids, num_nodes)
+                for c in self.chunks:
+                    self._pushed[c] = (rows["row_of"][graph.nodes[c]] >= 0).nonzero().view(-1)
         self.histories = nn.ModuleDict()
         self.halo_grads = nn.ModuleDict()
         for j, layer in enumerate(self.layer_ids):
@@ -145,6 +156,13 @@ class GNNStage(nn.Module):
     def output_widths(self) -> List[int]:
         """Width of each tensor this stage returns (``h``, then ``h0`` when carried)."""
         return [self.out_channels] + ([self.x0_channels] if self.carry_x0 and not self.is_last else [])
+
+    @staticmethod
+    def _row_map(ids: Tensor, num_nodes: int) -> Dict[str, Tensor]:
+        """Table rows for the sorted global ids ``ids`` only: ``node_ids`` and ``row_of`` (``-1``: no row)."""
+        row_of = torch.full((num_nodes,), -1, dtype=torch.long, device=ids.device)
+        row_of[ids] = torch.arange(ids.numel(), device=ids.device)
+        return {"node_ids": ids, "row_of": row_of}
 
     def _run_block(self, j: int, x_local: Tensor, c: int, h0: Optional[Tensor]) -> Tensor:
         if h0 is not None:  # x0 of halo rows is never used for inner outputs: pad with zeros
@@ -193,7 +211,8 @@ class GNNStage(nn.Module):
                 halo_rows = self.x[halo]
             else:
                 table = self.histories[str(layer)]
-                table.push(nodes, h)
+                pushed = self._pushed[c]  # None: all of the chunk's rows
+                table.push(nodes, h) if pushed is None else table.push(nodes[pushed], h[pushed])
                 if self.exchange is not None:  # hybrid: rows of the other partitions' chunks of this slot
                     received, plan = self.exchange(h, c)
                     table.push(plan.recv_ids, received)
