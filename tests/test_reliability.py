@@ -63,7 +63,8 @@ def test_resume_bit_exact_with_history_tables(tmp_path, graph):
     assert extra["fingerprint"] == dm.plan.fingerprint() and extra["layers"] == [[0, 1], [2, 3]]
     assert len(extra["rng_states"]) == 2
     assert not torch.equal(extra["rng_states"][0]["torch"], extra["rng_states"][1]["torch"])  # dropout drew
-    assert {k: tuple(v.shape) for k, v in extra["history"].items()} == {1: (300, 32), 2: (300, 32), 3: (300, 32)}
+    rows = torch.cat(dm.plan.halo).unique().numel()  # the boundary nodes' rows only
+    assert {k: tuple(v.shape) for k, v in extra["history"].items()} == {1: (rows, 32), 2: (rows, 32), 3: (rows, 32)}
 
     # Without the tables the resume refills them exactly (no dropout, the saved weights): it continues as the
     # resume from a checkpoint holding the exact tables, computed here by the unsplit model (tests/reference.py).
@@ -180,12 +181,18 @@ def _stage_with_layers_1_2():
 
 def test_restore_history_loads_refuses_or_skips():
     stage, plan = _stage_with_layers_1_2()
-    saved = {"fingerprint": plan.fingerprint(), "history": {1: torch.ones(60, 8), 2: torch.full((60, 8), 2.0)}}
+    ids = stage.histories["2"].node_ids  # the boundary nodes' rows
+    assert ids is not None and ids.numel() < 60
+    rows = ids.numel()
+    saved = {"fingerprint": plan.fingerprint(), "history": {1: torch.ones(rows, 8), 2: torch.full((rows, 8), 2.0)}}
     assert restore_history(saved, stage, plan)
-    assert torch.equal(stage.histories["2"].emb, torch.full((60, 8), 2.0))
-    with pytest.raises(ValueError, match=r"history table of layer 2 does not fit the model \(got \(60, 5\), "
-                                         r"expected \(60, 8\)\)"):
-        restore_history({**saved, "history": {1: torch.ones(60, 8), 2: torch.ones(60, 5)}}, stage, plan)
+    assert torch.equal(stage.histories["2"].emb, torch.full((rows, 8), 2.0))
+    every_node = torch.arange(60.0).repeat(8, 1).t()  # a table of all 60 nodes (an older checkpoint): its rows
+    assert restore_history({**saved, "history": {1: every_node, 2: every_node}}, stage, plan)
+    assert torch.equal(stage.histories["2"].emb, every_node[ids])
+    with pytest.raises(ValueError, match=rf"history table of layer 2 does not fit the model \(got \({rows}, 5\), "
+                                         rf"expected \({rows}, 8\)\)"):
+        restore_history({**saved, "history": {1: torch.ones(rows, 8), 2: torch.ones(rows, 5)}}, stage, plan)
     with pytest.warns(UserWarning, match="belong to another chunk plan"):
         assert not restore_history({**saved, "fingerprint": "0123"}, stage, plan)
     assert not restore_history({**saved, "history": None}, stage, plan) and not restore_history(None, stage, plan)

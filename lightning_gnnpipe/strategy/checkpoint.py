@@ -160,6 +160,8 @@ def restore_history(saved: Optional[Dict[str, Any]], stage: GNNStage, plan: Chun
         tables = by_partition[partition]
     for key, table in stage.histories.items():
         value = tables.get(int(key))
+        if value is not None and table.node_ids is not None and value.dim() == 2 and value.size(0) == plan.num_nodes:
+            value = value[table.node_ids.cpu()]  # a table of every node (older or hand-made): its boundary rows
         if value is None or value.shape != table.emb.shape:
             raise ValueError(
                 f"GNNPipeStrategy: the checkpoint's history table of layer {key} does not fit the model (got "
