@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
+import numpy as np
 import psutil
 import torch
 import torch.nn.functional as F
@@ -44,12 +45,13 @@ from lightning.pytorch import Callback, Trainer
 from torch_geometric.data import Data
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from torch_geometric.nn.models import GCN, GraphSAGE
-from torch_geometric.utils import coalesce, to_torch_csr_tensor, to_undirected
+from torch_geometric.utils import to_torch_csr_tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy  # noqa: E402
+from lightning_gnnpipe.data.partition import symmetric_csr  # noqa: E402
 from scale_breakdown import rank_breakdown  # noqa: E402
 from scale_memory import MemorySampler  # noqa: E402
 from tests.helpers import ChunkLossGCN, GNNModule  # noqa: E402  (ordinary PyG LightningModules, as users write them)
@@ -89,10 +91,14 @@ def sbm(num_nodes: int, num_blocks: int = 64, avg_degree: int = 20, num_features
     inside = starts[b] + (torch.rand(e, generator=g) * (starts[b + 1] - starts[b])).long()
     dst = torch.where(torch.rand(e, generator=g) < p_in, inside, torch.randint(num_nodes, (e,), generator=g))
     del b, inside
-    keep = src != dst
-    edge_index = coalesce(to_undirected(torch.stack([src[keep], dst[keep]]), num_nodes=num_nodes))
+    rowptr, col = symmetric_csr(torch.stack([src, dst]), num_nodes)  # = coalesce(to_undirected(loop-free edges))
+    del src, dst
+    rows = torch.from_numpy(np.repeat(np.arange(num_nodes, dtype=np.int64), np.diff(rowptr)))
+    edge_index = torch.stack([rows, torch.from_numpy(col)])
+    del rows, col
     y = block % num_classes
-    x = torch.randn(num_nodes, num_features, generator=g) + F.one_hot(y % num_features, num_features).float()
+    x = torch.randn(num_nodes, num_features, generator=g)
+    x[torch.arange(num_nodes), y % num_features] += 1.0  # + one_hot(class), in place
     masks = split_masks(num_nodes, g)
     return Data(x=x, edge_index=edge_index, y=y, train_mask=masks[0], val_mask=masks[1], test_mask=masks[2])
 

@@ -143,3 +143,52 @@ def test_the_strategy_picks_the_popen_launcher_with_its_setting():
 def test_bad_huge_pages_is_refused(bad):
     with pytest.raises(ValueError, match=r"`huge_pages` must be True or False \(got "):
         GraphParallelStrategy(huge_pages=bad)
+
+
+def test_release_shared_pages_drops_them_from_the_resident_set_and_keeps_the_data():
+    import psutil
+    import torch
+
+    from lightning_gnnpipe.strategy.allocator import release_shared_pages
+
+    process = psutil.Process()
+    shared = torch.randn(2**24).share_memory_()  # 64 MiB, every page touched
+    private = torch.randn(2**22)
+    total, before = float(shared.sum()), process.memory_info().rss
+    released = release_shared_pages([shared, private, None, shared])  # private memory would lose data: skipped
+    after = process.memory_info().rss
+    assert 64 * 2**20 - 8192 <= released <= 64 * 2**20
+    assert before - after > 60 * 2**20
+    assert float(shared.sum()) == total and torch.isfinite(private).all()  # the shared pages come back on read
+    assert release_shared_pages([private]) == 0
+
+
+def test_huge_pages_unavailable_says_why(tmp_path):
+    from lightning_gnnpipe.strategy.allocator import huge_pages_unavailable
+
+    setting = tmp_path / "enabled"
+    setting.write_text("always [madvise] never\n")
+    assert huge_pages_unavailable({HUGE_PAGES_ENV: "1"}, str(setting)) is None
+    assert "started with THP_MEM_ALLOC_ENABLE=None" in huge_pages_unavailable({}, str(setting))
+    assert "started with THP_MEM_ALLOC_ENABLE='0'" in huge_pages_unavailable({HUGE_PAGES_ENV: "0"}, str(setting))
+    setting.write_text("always madvise [never]\n")
+    assert "transparent huge pages are off" in huge_pages_unavailable({HUGE_PAGES_ENV: "1"}, str(setting))
+
+
+def test_spawned_ranks_let_go_of_the_graph_they_no_longer_read(tmp_path):
+    """Spawned ranks get the graph in shared memory. After building their chunk graphs both release the edge list's
+    pages, and stage 1 the features' too (only stage 0 reads them); a forked world (private memory) releases none."""
+    graph = sbm_graph(num_nodes=2000)
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+    edges, features = (t.untyped_storage().nbytes() for t in (graph.edge_index, graph.x))
+    metrics = fit(str(tmp_path / "spawn"), GCNModule(16, 8, 2, 4), dm, devices=2, strategy=GNNPipeStrategy(),
+                  epochs=2, launcher="spawn", limit_val_batches=0)  # (the insight logs after the recorder reads)
+    released = [metrics[0][-1][f"memory/released_graph_bytes/rank{r}"] for r in range(2)]
+    assert edges - 8192 <= released[0] <= edges
+    assert edges + features - 16384 <= released[1] <= edges + features
+    private = sbm_graph(num_nodes=2000)  # (the spawn launch above moved `graph` into shared memory)
+    assert not private.edge_index.is_shared()
+    forked = fit(str(tmp_path / "fork"), GCNModule(16, 8, 2, 4), GraphChunkDataModule(private, num_chunks=4),
+                 devices=2, strategy=GNNPipeStrategy(),
+                 epochs=2, limit_val_batches=0)
+    assert [forked[0][-1][f"memory/released_graph_bytes/rank{r}"] for r in range(2)] == [0.0, 0.0]

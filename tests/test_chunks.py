@@ -100,3 +100,19 @@ def test_no_plan_structure_grows_with_chunks_times_nodes():
         halo = sum(h.numel() * h.element_size() for h in plan.halo)
         sizes[k] = (_tensor_bytes(plan), halo)
     assert sizes[64][0] - sizes[8][0] == sizes[64][1] - sizes[8][1]  # K maps of |V| ids would add 0.9 MB here
+
+
+@pytest.mark.parametrize("num_nodes,num_edges", [(50, 300), (1000, 5000), (7, 0), (3, 5)])
+def test_symmetric_csr_equals_to_undirected(num_nodes, num_edges):
+    """METIS's input: the loop-free graph made undirected and deduplicated, as PyG's ``to_undirected`` makes it."""
+    import numpy as np
+    from torch_geometric.utils import to_undirected
+
+    from lightning_gnnpipe.data.partition import symmetric_csr
+
+    ei = torch.randint(num_nodes, (2, num_edges), generator=torch.Generator().manual_seed(num_nodes))
+    ei = torch.cat([ei, ei[:, :3]], 1)  # duplicates too
+    ref = to_undirected(ei[:, ei[0] != ei[1]], num_nodes=num_nodes)
+    rowptr, col = symmetric_csr(ei, num_nodes)
+    assert np.array_equal(rowptr, np.concatenate([[0], np.bincount(ref[0].numpy(), minlength=num_nodes).cumsum()]))
+    assert np.array_equal(col, ref[1].numpy())

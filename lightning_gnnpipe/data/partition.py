@@ -7,10 +7,11 @@ irregular graphs", SIAM J. Sci. Comput. 1998, through the ``pymetis`` bindings. 
 
 from __future__ import annotations
 
+from typing import Tuple
+
 import numpy as np
 import torch
 from torch import Tensor
-from torch_geometric.utils import to_undirected
 
 
 def metis_partition(edge_index: Tensor, num_nodes: int, num_parts: int) -> Tensor:
@@ -42,17 +43,55 @@ def metis_partition(edge_index: Tensor, num_nodes: int, num_parts: int) -> Tenso
 
     import pymetis
 
-    ei = edge_index[:, edge_index[0] != edge_index[1]]
-    ei = to_undirected(ei, num_nodes=num_nodes)  # sorted by row, deduplicated
-    rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
-    rowptr[1:] = torch.bincount(ei[0], minlength=num_nodes).cumsum(0)
     # numpy arrays in pymetis's own index dtype are passed without a copy (Python lists cost ~36 bytes an edge)
+    rowptr, adjncy = symmetric_csr(edge_index, num_nodes)
     dtype = pymetis.zero_copy_dtype()
-    adjacency = pymetis.CSRAdjacency(rowptr.numpy().astype(dtype, copy=False), ei[1].numpy().astype(dtype, copy=False))
-    del ei
+    adjacency = pymetis.CSRAdjacency(rowptr.astype(dtype, copy=False), adjncy.astype(dtype, copy=False))
+    del rowptr, adjncy
     membership = pymetis.part_graph(num_parts, adjacency=adjacency).vertex_part
     part = torch.as_tensor(np.asarray(membership), dtype=torch.long)
     return _fill_empty_parts(part, num_parts)
+
+
+_BLOCK = 1 << 22  # edges per block of the key computations (bounds their temporaries to ~32 MiB)
+
+
+def symmetric_csr(edge_index: Tensor, num_nodes: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The symmetrised graph without self loops or duplicate edges, as CSR arrays (what METIS reads).
+
+    Equal to ``to_undirected`` of the loop-free edges, as row pointers and column ids, in about a third of its
+    memory: one ``int64`` key ``src * |V| + dst`` per edge and direction, sorted in place and deduplicated. Peak
+    extra memory about ``26 |E|`` bytes (``to_undirected`` of a 20M-edge graph: 2.9 GiB; this: 0.5 GiB).
+
+    Args:
+        edge_index: Edges ``(2, |E|)``, integer, on the CPU.
+        num_nodes: ``|V|``, with ``|V|^2 < 2^63``.
+
+    Returns:
+        ``(rowptr (|V| + 1,), col (|E'|,))``, ``int64`` numpy arrays; row ``i``'s neighbours are
+        ``col[rowptr[i]:rowptr[i + 1]]``, sorted.
+    """
+    n, m = int(num_nodes), int(edge_index.size(1))
+    src, dst = (edge_index[i].to(torch.int64).numpy() for i in (0, 1))
+    keys = np.empty(2 * m, dtype=np.int64)
+    for i in range(0, m, _BLOCK):
+        j = min(i + _BLOCK, m)
+        np.multiply(src[i:j], n, out=keys[i:j])
+        keys[i:j] += dst[i:j]
+        np.multiply(dst[i:j], n, out=keys[m + i:m + j])
+        keys[m + i:m + j] += src[i:j]
+    keys.sort()  # in place
+    keep = np.empty(2 * m, dtype=bool)
+    if m:
+        keep[0] = True
+        np.not_equal(keys[1:], keys[:-1], out=keep[1:])  # first of each run of equal keys
+    for i in range(0, 2 * m, _BLOCK):
+        keep[i:i + _BLOCK] &= keys[i:i + _BLOCK] % (n + 1) != 0  # src == dst  <=>  key = src * (|V| + 1)
+    keys = keys[keep]
+    del keep
+    rowptr = np.searchsorted(keys, np.arange(n + 1, dtype=np.int64) * n)
+    np.remainder(keys, n, out=keys)
+    return rowptr, keys
 
 
 def _fill_empty_parts(part: Tensor, num_parts: int) -> Tensor:

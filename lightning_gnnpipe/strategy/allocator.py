@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import os
 import sys
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
+
+from torch import Tensor
 
 M_MMAP_THRESHOLD = -3  # glibc <malloc.h>
 
@@ -82,3 +85,83 @@ def huge_pages_for_new_processes(enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         os.environ.pop(HUGE_PAGES_ENV, None)
+
+
+THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def huge_pages_unavailable(environ: Optional[dict] = None, setting: str = THP_SETTING) -> Optional[str]:
+    """Say why torch's transparent huge pages are off in this process, or ``None`` when they are on.
+
+    torch reads ``THP_MEM_ALLOC_ENABLE`` once, at the process's first CPU allocation, so a process started without it
+    (by torchrun, SLURM, or the user's own process under the popen launcher) cannot turn them on any more; and the
+    kernel honours them only when ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``[always]`` or ``[madvise]``.
+
+    Args:
+        environ: The environment to read (default: this process's).
+        setting: The kernel's setting file (tests pass another).
+    """
+    value = (os.environ if environ is None else environ).get(HUGE_PAGES_ENV)
+    if value != "1":
+        return (f"this process started with {HUGE_PAGES_ENV}={value!r}, and torch reads it only at start; set "
+                f"{HUGE_PAGES_ENV}=1 in the environment that starts it (the job script under torchrun or SLURM)")
+    try:
+        with open(setting) as f:
+            mode = f.read()
+    except OSError:
+        return None if sys.platform.startswith("linux") else "transparent huge pages exist on Linux only"
+    if "[never]" in mode:
+        return f"the kernel's transparent huge pages are off ({setting}: {mode.strip()})"
+    return None
+
+
+MADV_DONTNEED = 4  # <sys/mman.h>, Linux
+
+
+def release_shared_pages(tensors: Iterable[Optional[Tensor]]) -> int:
+    """Drop this process's page mappings of shared-memory CPU tensors it no longer reads (``madvise(MADV_DONTNEED)``).
+
+    Tensors handed to spawned ranks live in shared memory; a rank that read them (to build its chunk graphs) keeps
+    their pages in its resident set (RSS, PSS) although it no longer needs them. Releasing them keeps the data: the
+    memory is shared, so a later read maps the same pages again. Tensors that are not shared (private memory: forked
+    or torchrun ranks, GPU tensors) are left alone: there the call would discard data.
+
+    Args:
+        tensors: Candidates; ``None`` and non-shared ones are skipped.
+
+    Returns:
+        Bytes whose pages were released (whole pages inside each storage); 0 off Linux.
+    """
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        madvise = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").madvise
+    except (OSError, AttributeError):
+        return 0
+    madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    page, released, seen = mmap.PAGESIZE, 0, set()
+    for t in tensors:
+        if t is None or t.device.type != "cpu" or not t.is_shared():
+            continue
+        storage = t.untyped_storage()
+        start = storage.data_ptr()
+        if start in seen:
+            continue
+        seen.add(start)
+        first, last = -(-start // page) * page, (start + storage.nbytes()) // page * page
+        if last > first and madvise(first, last - first, MADV_DONTNEED) == 0:
+            released += last - first
+    return released
+
+
+def trim_heap() -> bool:
+    """Return the free memory at the top of glibc's heaps to the OS (``malloc_trim(0)``); ``False`` without glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True

@@ -23,7 +23,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.optim import Optimizer
@@ -38,7 +38,8 @@ from lightning_gnnpipe.strategy.failures import handle_rank_failure
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.insight import PipelineInsight
 from lightning_gnnpipe.strategy.allocator import (DEFAULT_HEAP_MMAP_THRESHOLD, check_heap_mmap_threshold,
-                                                  set_heap_mmap_threshold)
+                                                  huge_pages_unavailable, release_shared_pages,
+                                                  set_heap_mmap_threshold, trim_heap)
 from lightning_gnnpipe.strategy.launcher import CheckedMultiProcessingLauncher, HugePageScriptLauncher
 from lightning_gnnpipe.strategy.precision import autocast_dtype, check_precision
 
@@ -106,6 +107,7 @@ class WholeGraphStrategy(ParallelStrategy):
         self.comm_stats = CommStats()  # this rank's traffic in the last training step
         self.comm_metrics: Dict[str, float] = {}  # every rank's, as logged (comm/...)
         self._rank_group: Any = None  # this rank alone: where torchmetrics sync
+        self.released_graph_bytes = 0  # bytes of shared graph pages this rank let go of at setup
 
     # ------------------------------------------------------------------ ranks and devices (as DDP)
     @property
@@ -159,6 +161,9 @@ class WholeGraphStrategy(ParallelStrategy):
                                 category=PossibleUserWarning)
         super().setup_environment()
         self.set_world_ranks()
+        why = huge_pages_unavailable() if self.huge_pages and self.root_device.type == "cpu" else None
+        if why is not None:  # (on rank 0: the process that lacks it under popen, one of all under torchrun)
+            rank_zero_warn(f"{type(self).__name__}: `huge_pages=True` cannot act in rank {self.global_rank}: {why}.")
         self._process_group_backend = self._process_group_backend or default_process_group_backend(self.root_device)
         assert self.cluster_environment is not None
         init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout)
@@ -235,6 +240,10 @@ class WholeGraphStrategy(ParallelStrategy):
         self.model_to_device()
         self._local_metrics()
         self._build(trainer)
+        # What the ranks read the whole graph for is built: let go of the shared pages they no longer read
+        released = release_shared_pages(self._graph_tensors_done(trainer.datamodule.data))
+        trim_heap()  # and of the heap the build freed
+        self.released_graph_bytes = released
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
             if self.insight not in trainer.callbacks:
@@ -243,6 +252,11 @@ class WholeGraphStrategy(ParallelStrategy):
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING:
             optimizers_to_device(self.optimizers, self.root_device)
+
+    def _graph_tensors_done(self, data: Any) -> List[Tensor]:
+        """The graph's tensors this rank no longer reads once :meth:`_build` ran (its pages are released when shared
+        memory, :func:`~lightning_gnnpipe.strategy.allocator.release_shared_pages`): the edge list."""
+        return [data.edge_index]
 
     def _training_precision(self, plugin: Precision) -> Precision:
         """The precision plugin to train with (a subclass may swap in global-norm clipping)."""

@@ -94,11 +94,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             halo). Same results, one more forward; less memory for blocks with large intermediates (edge-list
             convs), more for PyG layers on the sparse path (docs/results/scale.md). GPipe keeps every chunk's
             activations until the backward; 1F1B at most about ``S`` chunks' (the schedule that keeps least).
-        **kwargs: ``timeout`` (of every collective, a ``timedelta``; default 600 s), ``start_method``
-            (``"spawn"`` or ``"popen"``; ignored under torchrun/SLURM), ``process_group_backend`` (``"gloo"`` or
-            ``"nccl"``), ``profile_epoch`` (record this epoch with ``torch.profiler``, one Chrome trace per rank),
-            ``trace_dir``, ``heap_mmap_threshold`` (bytes, default 16 MiB; ``None``: glibc's default) and
-            ``huge_pages`` (default ``True``): as :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`.
+        **kwargs: ``timeout``, ``start_method``, ``process_group_backend``, ``profile_epoch``, ``trace_dir``,
+            ``heap_mmap_threshold``, ``huge_pages``: see :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`.
 
     Raises:
         ValueError: Unknown ``schedule``, ``balance`` or ``start_method``, bad ``profile_epoch``, a
@@ -183,8 +180,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         """Validate model, DataModule and layout before any process group starts; return the layer stack.
 
         Raises:
-            TypeError, ValueError: As :func:`~lightning_gnnpipe.strategy.checks.check_layout`, and a process count
-                that is not a multiple of ``graph_parallel_size`` or a DataModule with another ``num_parts``.
+            TypeError, ValueError: As :func:`~lightning_gnnpipe.strategy.checks.check_layout`.
         """
         module = module if module is not None else trainer.lightning_module
         stack = check_layout(module, datamodule if datamodule is not None else trainer.datamodule, self.num_stages,
@@ -229,6 +225,10 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
                 rank_zero_info(f"GNNPipeStrategy: schedule 'gpipe', not '1f1b': {choice.reason}.")
             self._loss.loss_mode = choice.loss_mode
             runtime.build_schedule(choice.schedule, choice.loss_mode)
+
+    def _graph_tensors_done(self, data: Any) -> List[Tensor]:  # only stage 0 reads the features
+        first = self._runtime is not None and any(stage.is_first for stage in self._runtime.stages)
+        return super()._graph_tensors_done(data) + ([] if first else [data.x])
 
     def _training_precision(self, plugin: Precision) -> Precision:
         # A rank holds only its stage's gradients: clip by the norm over all stages (strategy/precision.py).

@@ -129,9 +129,9 @@ class GraphParallelStrategy(WholeGraphStrategy):
     def _build(self, trainer: Trainer) -> None:
         stack, plan, data, x = self._prepare(trainer)
         device = self.root_device
-        graph = build_chunk_graph(plan, data.edge_index, norm_keys(stack.blocks), device, dtype=x.dtype,
-                                  **chunk_graph_options(stack.blocks, autocast=self._boundary_dtype != x.dtype))
         r = self.global_rank
+        graph = build_chunk_graph(plan, data.edge_index, norm_keys(stack.blocks), device, dtype=x.dtype, chunks=[r],
+                                  **chunk_graph_options(stack.blocks, autocast=self._boundary_dtype != x.dtype))
         broadcast_blocks(stack.blocks, src=0)  # every part starts from rank 0's weights and NodeDropout seeds
         exchange = build_slot_plans(plan, self.num_parts, r)[r]  # one slot: K = G, every halo row live
         assert exchange is not None

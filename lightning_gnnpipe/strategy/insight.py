@@ -14,6 +14,9 @@ same values:
   process's peak resident set size since it started (``getrusage``; it cannot be reset);
 * ``memory/history_bytes/rank<r>`` and ``memory/graph_bytes/rank<r>``: bytes rank ``r`` keeps for the whole fit
   in history tables and in chunk graphs (ids, edge lists, CSR adjacencies), each storage counted once;
+* ``memory/released_graph_bytes/rank<r>``: bytes of the shared graph (edge list; features on ranks without
+  stage 0) whose pages rank ``r`` let go of after building its chunk graphs (0 where the graph is not in shared
+  memory: torchrun, popen, forked ranks; :func:`~lightning_gnnpipe.strategy.allocator.release_shared_pages`);
 * ``comm/bubble_fraction/rank<r>``: pipeline fill and drain as a fraction of the training step
   (``comm/bubble_s`` / ``comm/step_s``; 0 without a pipeline).
 
@@ -120,8 +123,9 @@ class PipelineInsight(Callback):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         kept = strategy.kept_bytes() if hasattr(strategy, "kept_bytes") else (0, 0)
-        mine = torch.tensor([time.perf_counter() - self._t0, float(peak_memory_bytes(device)), *map(float, kept)],
-                            dtype=torch.float64, device=device)
+        released = float(getattr(strategy, "released_graph_bytes", 0))
+        mine = torch.tensor([time.perf_counter() - self._t0, float(peak_memory_bytes(device)), *map(float, kept),
+                             released], dtype=torch.float64, device=device)
         rows = [mine]
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
@@ -131,6 +135,7 @@ class PipelineInsight(Callback):
         log = dict(on_step=False, on_epoch=True, batch_size=1, sync_dist=True)
         pl_module.log("time/epoch_s", max(float(r[0]) for r in rows), prog_bar=True, **log)
         metrics = {f"memory/{kind}/rank{i}": float(r[k]) for i, r in enumerate(rows)
-                   for k, kind in ((1, "peak_bytes"), (2, "history_bytes"), (3, "graph_bytes"))}
+                   for k, kind in ((1, "peak_bytes"), (2, "history_bytes"), (3, "graph_bytes"),
+                                   (4, "released_graph_bytes"))}
         metrics.update(bubble_fractions(getattr(strategy, "comm_metrics", {})))
         pl_module.log_dict(metrics, **log)
