@@ -158,11 +158,12 @@ def callback_summary(trainer, stop, best, metrics) -> Dict[str, Any]:
 
 
 def rewrite_history(src, dst, history: Optional[Dict[int, torch.Tensor]] = None) -> str:
-    """Copy checkpoint ``src`` to ``dst`` with its history tables replaced by ``history`` (``None``: none saved)."""
+    """Copy checkpoint ``src`` to ``dst`` with its history tables replaced by inline ``history`` (``None``: none saved)."""
     from lightning_gnnpipe.strategy.checkpoint import CHECKPOINT_KEY
 
     state = torch.load(src, weights_only=True)
-    state[CHECKPOINT_KEY]["history"] = history
+    state[CHECKPOINT_KEY]["history"] = history  # inline tables, as older checkpoints hold them
+    state[CHECKPOINT_KEY]["history_tables"] = None
     torch.save(state, dst)
     return str(dst)
 

@@ -24,7 +24,7 @@ from lightning_gnnpipe.pipeline.balance import check_balance, stage_layers
 from lightning_gnnpipe.pipeline.loss import labelled_chunks
 from lightning_gnnpipe.pipeline.runtime import PipelineRuntime, RankLayout, check_stage_widths
 from lightning_gnnpipe.strategy.base import WholeGraphStrategy
-from lightning_gnnpipe.strategy.checkpoint import PipelineCheckpointHooks, restore_history
+from lightning_gnnpipe.strategy.checkpoint import PipelineCheckpointHooks, restore_tables
 from lightning_gnnpipe.strategy.checks import (CHUNK_LOSS_HOOK, check_layout, check_lightning_usage,
                                               check_pipeline_options)
 from lightning_gnnpipe.strategy.failures import unwrap_stage_error
@@ -238,8 +238,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         saved, self._resume_state = self._resume_state, None
         stages = self._runtime.stages if self._runtime is not None else []
         plan = self.lightning_module.trainer.datamodule.plan
-        restored = bool(stages) and all([restore_history(saved, stage, plan, self.partition_index)
-                                         for stage in stages])
+        restored = restore_tables(saved, stages, plan, self.partition_index)  # the same on every rank
         if not restored and self.refresh_on_start:
             self.refresh_history()
 
