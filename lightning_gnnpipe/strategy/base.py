@@ -262,7 +262,7 @@ class WholeGraphStrategy(ParallelStrategy):
                 f"{type(self).__name__}: ranks built different chunk plans (got fingerprints {prints}). "
                 "Build the GraphChunkDataModule from the same graph on every rank, or pass `part=`."
             )
-        x = dm.data.x.to(self.root_device)
+        x = dm.device_graph(self.root_device).x  # the copy every step's batch holds (no second one on the device)
         self._dims = infer_dims(stack.blocks, x[:2])
         # Stage activations travel in the autocast dtype, if any (strategy/precision.py).
         self._data_dtype, self._boundary_dtype = x.dtype, autocast_dtype(self.precision_plugin) or x.dtype
