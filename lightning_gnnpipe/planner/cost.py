@@ -193,13 +193,17 @@ def measure_bandwidth(nbytes: int = 1 << 24, repeats: int = 5, group=None, devic
         elif rank == 1:
             dist.recv(buf, peer(0), group=group)
             dist.send(buf, peer(0), group=group)
-        if buf.is_cuda:
-            torch.cuda.synchronize(buf.device)
+        _synchronize(buf)
         best = min(best, time.perf_counter() - start)
     result = torch.tensor([2 * (nbytes // 4) * 4 / best if rank == 0 else 0.0], dtype=torch.float64,
                           device=buf.device)
     dist.broadcast(result, peer(0), group=group)
     return float(result)
+
+
+def _synchronize(t: Tensor) -> None:
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
 
 
 def measure_layer_seconds(blocks: Sequence[nn.Module], x: Tensor, edge_index: Tensor, repeats: int = 3) -> List[float]:
@@ -210,9 +214,11 @@ def measure_layer_seconds(blocks: Sequence[nn.Module], x: Tensor, edge_index: Te
         best: Optional[float] = None
         for _ in range(repeats):
             inp = h.detach().requires_grad_(h.is_floating_point())
+            _synchronize(inp)
             start = time.perf_counter()
             y = block(inp, edge_index)
             y.float().sum().backward()
+            _synchronize(inp)  # on CUDA: the kernels' time, not their launches'
             elapsed = time.perf_counter() - start
             best = elapsed if best is None else min(best, elapsed)
         for prm in block.parameters():

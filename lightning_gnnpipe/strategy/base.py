@@ -31,7 +31,7 @@ from torchmetrics import Metric
 
 from lightning_gnnpipe._compat import (default_process_group_backend, init_dist_connection, optimizers_to_device,
                                        sync_ddp_if_available)
-from lightning_gnnpipe.comm.accounting import CommStats, log_comm
+from lightning_gnnpipe.comm.accounting import CommStats, StepClock, log_comm
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.nn.stack import LayerStack, infer_dims
 from lightning_gnnpipe.strategy.failures import handle_rank_failure
@@ -234,6 +234,7 @@ class WholeGraphStrategy(ParallelStrategy):
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         self._local_metrics()
+        self.comm_stats.clock = StepClock(self.root_device)  # CUDA events on a GPU
         self._build(trainer)
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)

@@ -14,7 +14,6 @@ kernels.
 from __future__ import annotations
 
 import inspect
-import time
 from typing import Any, Optional
 
 import torch
@@ -161,14 +160,17 @@ class GraphParallelStrategy(WholeGraphStrategy):
         lm, batch, stats = self.lightning_module, args[0], self.comm_stats
         self._begin_step()
         stats.reset()
-        t0 = time.perf_counter()
+        t0 = stats.clock.mark()  # CUDA events on a GPU: the step's kernels, not their launches
         with self.precision_plugin.train_step_context():
             out = self._forward(stats, epoch=lm.trainer.current_epoch)
             logits = self._gather_logits(out, stats)
             grad, output = output_grad(lambda full: self._user_loss(full, batch, args, kwargs), logits)
             out.backward(grad[self._nodes[self.global_rank]])
             all_reduce_grads(self._params, stats, self.num_parts)
-        stats.step_s = time.perf_counter() - t0
+        end = stats.clock.mark()
+        stats.clock.wait()
+        stats.settle()
+        stats.step_s = stats.clock.seconds(t0, end)
         self.comm_metrics = self._log_comm()
         return self._end_step(output)
 
