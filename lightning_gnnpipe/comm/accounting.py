@@ -212,12 +212,12 @@ class CommStats:
         return out
 
 
-def log_comm(module: Any, stats: CommStats) -> Dict[str, float]:
-    """Gather every rank's counts and log them per epoch from the current ``*_step``.
+def log_comm(module: Any, stats: CommStats, group=None) -> Dict[str, float]:
+    """Gather every rank's counts over ``group`` (default: the world); log them per epoch from the current ``*_step``.
 
     Every rank logs the same gathered values (see :meth:`CommStats.world_metrics`), so the
     loggers, which write on rank 0 only, see every stage's figures.
     """
-    metrics = stats.world_metrics(device=module.device)
+    metrics = stats.world_metrics(group=group, device=module.device)
     module.log_dict(metrics, on_step=False, on_epoch=True, batch_size=1, sync_dist=True)  # same on every rank
     return metrics

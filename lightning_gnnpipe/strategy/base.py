@@ -34,7 +34,7 @@ from lightning_gnnpipe._compat import (default_process_group_backend, init_dist_
 from lightning_gnnpipe.comm.accounting import CommStats, StepClock, log_comm
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.nn.stack import LayerStack, infer_dims
-from lightning_gnnpipe.strategy.failures import handle_rank_failure
+from lightning_gnnpipe.strategy.failures import enable_nccl_error_handling, handle_rank_failure
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.insight import PipelineInsight
 from lightning_gnnpipe.strategy.allocator import (DEFAULT_HEAP_MMAP_THRESHOLD, check_heap_mmap_threshold,
@@ -52,7 +52,14 @@ class WholeGraphStrategy(ParallelStrategy):
     """Base of :class:`~lightning_gnnpipe.GNNPipeStrategy` and :class:`~lightning_gnnpipe.GraphParallelStrategy`.
 
     Args:
-        timeout: Timeout of every collective; a rank that stops answering ends the job after this long.
+        timeout: Timeout of every collective (default 600 s); a rank that stops answering ends the job after this
+            long at most.
+        exchange_timeout: Timeout of the strategy's own exchanges during steps and evaluation (stage transfers, halo
+            rows, gradient sums, logits, metrics; default 120 s, at most ``timeout``): they run in process groups of
+            their own, so a rank that died or hangs ends the job after this long. Under NCCL that is the watchdog's
+            timeout; :func:`~lightning_gnnpipe.strategy.failures.enable_nccl_error_handling` is applied in every
+            rank. Raise it if a stage's work between two transfers (an exact forward over the whole graph) can take
+            longer. Lightning's own collectives and checkpoint writes keep ``timeout``.
         start_method: ``"spawn"`` (default) or ``"popen"``; under torchrun/SLURM the processes already exist.
         process_group_backend: ``"gloo"`` (CPU default) or ``"nccl"`` (GPU default).
         profile_epoch: Record this epoch's training step with ``torch.profiler`` (one Chrome trace per rank).
@@ -70,12 +77,13 @@ class WholeGraphStrategy(ParallelStrategy):
 
     Raises:
         ValueError: Unknown ``start_method``, bad ``profile_epoch`` or ``heap_mmap_threshold``, ``huge_pages`` not a
-            bool.
+            bool, ``exchange_timeout`` not a positive ``timedelta``.
     """
 
     def __init__(
         self,
         timeout: timedelta = timedelta(seconds=600),
+        exchange_timeout: timedelta = timedelta(seconds=120),
         start_method: Literal["spawn", "popen"] = "spawn",
         process_group_backend: Optional[str] = None,
         profile_epoch: Optional[int] = None,
@@ -94,6 +102,11 @@ class WholeGraphStrategy(ParallelStrategy):
         if start_method not in ("spawn", "popen"):
             raise ValueError(f"{type(self).__name__}: `start_method` must be 'spawn' or 'popen' (got {start_method!r}).")
         self._timeout, self._start_method = timeout, start_method
+        if not isinstance(exchange_timeout, timedelta) or exchange_timeout <= timedelta(0):
+            raise ValueError(f"{type(self).__name__}: `exchange_timeout` must be a positive timedelta (got "
+                             f"{exchange_timeout!r}). Use e.g. timedelta(seconds=120).")
+        self._exchange_timeout = min(timeout, exchange_timeout)
+        self.exchange_group: Any = None  # every rank, with `exchange_timeout` (setup_environment)
         self._heap_mmap_threshold = check_heap_mmap_threshold(heap_mmap_threshold, type(self).__name__)
         if not isinstance(huge_pages, bool):
             raise ValueError(f"{type(self).__name__}: `huge_pages` must be True or False (got {huge_pages!r}).")
@@ -161,7 +174,9 @@ class WholeGraphStrategy(ParallelStrategy):
         self.set_world_ranks()
         self._process_group_backend = self._process_group_backend or default_process_group_backend(self.root_device)
         assert self.cluster_environment is not None
+        enable_nccl_error_handling(self._process_group_backend)  # before the NCCL process group exists
         init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout)
+        self.exchange_group = dist.new_group(timeout=self._exchange_timeout, group_desc="gnnpipe_exchange")
         self._setup_groups()
 
     def _setup_groups(self) -> None:
@@ -293,7 +308,7 @@ class WholeGraphStrategy(ParallelStrategy):
 
     def _log_comm(self) -> Dict[str, float]:
         """Log this step's traffic of every rank as ``comm/...`` and return it (a collective)."""
-        return log_comm(self.lightning_module, self.comm_stats)
+        return log_comm(self.lightning_module, self.comm_stats, self.exchange_group)
 
     def _end_step(self, output: Any) -> Any:
         """Stash the step's gradients for :meth:`backward`; return the output detached."""
@@ -353,5 +368,5 @@ class WholeGraphStrategy(ParallelStrategy):
         return f"rank {self.global_rank}"
 
     def teardown(self) -> None:
-        self._grads, self._rank_group = [], None
+        self._grads, self._rank_group, self.exchange_group = [], None, None
         super().teardown()

@@ -91,11 +91,11 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             halo). Same results, one more forward; less memory for blocks with large intermediates (edge-list
             convs), more for PyG layers on the sparse path (docs/results/scale.md). GPipe keeps every chunk's
             activations until the backward; 1F1B at most about ``S`` chunks' (the schedule that keeps least).
-        **kwargs: ``timeout`` (of every collective, a ``timedelta``; default 600 s), ``start_method``
-            (``"spawn"`` or ``"popen"``; ignored under torchrun/SLURM), ``process_group_backend`` (``"gloo"`` or
-            ``"nccl"``), ``profile_epoch`` (record this epoch with ``torch.profiler``, one Chrome trace per rank),
-            ``trace_dir``, ``heap_mmap_threshold`` (bytes, default 16 MiB; ``None``: glibc's default) and
-            ``huge_pages`` (default ``True``): as :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`.
+        **kwargs: ``timeout`` (of every collective, a ``timedelta``; default 600 s), ``exchange_timeout`` (of its own
+            transfers, default 120 s), ``start_method`` (``"spawn"`` or ``"popen"``), ``process_group_backend``
+            (``"gloo"`` or ``"nccl"``), ``profile_epoch`` (record this epoch with ``torch.profiler``), ``trace_dir``,
+            ``heap_mmap_threshold`` (bytes, default 16 MiB; ``None``: glibc's default) and ``huge_pages`` (default
+            ``True``): as :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`.
 
     Raises:
         ValueError: Unknown ``schedule``, ``balance`` or ``start_method``, bad ``profile_epoch``, a
@@ -177,7 +177,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
 
     def _setup_groups(self) -> None:
         self.device_mesh, self._pp_group, self._gp_group = build_mesh(self.topology, self.root_device.type,
-                                                                      self._timeout)
+                                                                      self._exchange_timeout, self.exchange_group)
 
     def check(self, trainer: Trainer, module: Optional[LightningModule] = None, datamodule: Any = None) -> LayerStack:
         """Validate model, DataModule and layout before any process group starts; return the layer stack.
