@@ -150,15 +150,25 @@ def graph_bytes(data: Any) -> int:
     return sum(v.numel() * v.element_size() for _, v in data if isinstance(v, Tensor))
 
 
-def wire_job(runs: List[Dict[str, Any]], device: Any = "cpu") -> Dict[str, Any]:
+def wire_job(runs: List[Dict[str, Any]], device: Any = None) -> Dict[str, Any]:
     """On one rank: every fit of ``runs`` (keyword arguments of :func:`tests.scenarios.fit_rank`, in order) under one
     :class:`WireCheck` and one :class:`GraphTransferSpy`.
+
+    Args:
+        runs: The fits.
+        device: The root device (``None``: ``cuda:<LOCAL_RANK>`` if the first fit runs on ``accelerator="gpu"``,
+            else the CPU).
 
     Returns:
         ``{"wire": WireCheck.summary(), "fits": [...]}``; per fit its ``losses``, the ``Data.to`` calls and bytes
         before training (``setup``: the strategy's setup) and during it (``training``: every step and validation),
-        and the optimizer ``steps`` taken.
+        the optimizer ``steps`` taken and the module's final ``state`` (on the CPU).
     """
+    import os
+
+    if device is None:
+        gpu = runs[0].get("accelerator") == "gpu"
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if gpu else torch.device("cpu")
     from lightning.pytorch import Callback
 
     from tests.scenarios import fit_rank
@@ -179,6 +189,8 @@ def wire_job(runs: List[Dict[str, Any]], device: Any = "cpu") -> Dict[str, Any]:
             marks, before = Marks(spy), (spy.calls, spy.bytes)
             out = fit_rank(**{**run, "callbacks": [marks] + list(run.get("callbacks", []))})
             start, end = marks.at["start"], marks.at["end"]
+            state = {k: v.detach().cpu() for k, v in out["trainer"].lightning_module.state_dict().items()}
             fits.append({"losses": out["losses"], "setup": (start[0] - before[0], start[1] - before[1]),
-                         "training": (end[0] - start[0], end[1] - start[1]), "steps": end[2] - start[2]})
+                         "training": (end[0] - start[0], end[1] - start[1]), "steps": end[2] - start[2],
+                         "state": state})
     return {"wire": wire.summary(), "fits": fits}
