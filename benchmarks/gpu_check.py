@@ -333,8 +333,13 @@ def check_multi_gpu(ctx: Context, gpus: int, side: tuple = ("gpu", "nccl"),
             kwargs["strategy_kwargs"] = {**spec.get("strategy_kwargs", {}), "process_group_backend": backend}
             return kwargs
 
-        ref = values(run_world(procs, wire_job, [make("cpu", "gloo")], start_method="spawn", timeout=300))
-        got = values(run_world(procs, wire_job, [make(*side)], start_method="spawn", timeout=300))
+        try:
+            ref = values(run_world(procs, wire_job, [make("cpu", "gloo")], start_method="spawn", timeout=300))
+            got = values(run_world(procs, wire_job, [make(*side)], start_method="spawn", timeout=300))
+        except AssertionError as exc:  # a rank failed: its last error line
+            errors = [line for line in str(exc).splitlines() if line and not line.startswith((" ", "Traceback"))]
+            results.append(Result(name, "FAIL", errors[-1] if errors else "a rank failed"))
+            continue
         results.append(compare(name, got[0]["fits"][0]["losses"], ref[0]["fits"][0]["losses"], FIT_TOL,
                                f"{procs} processes, {side[1]} on {side[0]} vs gloo on the CPU", got[0]["wire"]))
     return results
