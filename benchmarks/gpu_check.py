@@ -120,7 +120,8 @@ def fit_spec(name: str, graph) -> Dict[str, Any]:
 
     dm = lambda k: GraphChunkDataModule(graph, num_chunks=k)  # noqa: E731
     specs = {
-        "gnnpipe_gpipe": dict(module=resgcn, datamodule=dm(4), gradient_clip_val=0.5),
+        "gnnpipe_gpipe": dict(module=resgcn, datamodule=dm(4), gradient_clip_val=0.5,
+                              strategy_kwargs={"schedule": "gpipe"}),
         "gnnpipe_1f1b": dict(module=lambda: ChunkLossGCN(16, 32, 4, 4), datamodule=dm(4),
                              strategy_kwargs={"schedule": "1f1b"}),
         "zbv": dict(module=lambda: ChunkLossGCN(16, 32, 4, 4), datamodule=dm(4),

@@ -80,8 +80,8 @@ def test_wire_gnnpipe_gpipe_with_validation_checkpoints_and_resume(tmp_path, gra
     an old checkpoint's directory of tables with it; the graph moves to the device once per fit."""
     dm = GraphChunkDataModule(graph, num_chunks=4)
     model = functools.partial(DropoutGCN, 16, 32, 4, 4)
-    opts = {"strategy_kwargs": {"save_history": True}, "limit_val_batches": 1.0, "devices": 2, "epochs": 3,
-            "datamodule": dm}
+    opts = {"strategy_kwargs": {"schedule": "gpipe", "save_history": True}, "limit_val_batches": 1.0, "devices": 2,
+            "epochs": 3, "datamodule": dm}
     keep_one = ModelCheckpoint(dirpath=str(tmp_path / "one"), save_top_k=1, filename="{epoch}", every_n_train_steps=1)
     runs = [dict(module=model(), ckpt_dir=str(tmp_path / "ckpt"), callbacks=[keep_one], **opts),
             dict(module=model(), ckpt_path=str(tmp_path / "ckpt" / "epoch=0.ckpt"), **opts)]
