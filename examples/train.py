@@ -1,9 +1,10 @@
-"""Train a deep residual GCN on Cora with GNNPipe on 2 CPU processes.
+"""Train a deep residual GCN on Cora with GNNPipe on 2 processes (GPUs when there are, else CPU).
 
 Run from the repository root:
 
     python examples/train.py                      # GNNPipe, 2 processes, 8 chunks
     python examples/train.py --devices 1          # the same model on a plain single-device Trainer
+    python examples/train.py --accelerator cpu    # on the CPU even where a GPU exists
 
 It logs to TensorBoard (``tb_logs/``), saves the last checkpoint and prints the final
 full-graph test accuracy.
@@ -115,6 +116,8 @@ class NodeClassifier(LightningModule):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="Cora", choices=["Cora", "CiteSeer"])
+    p.add_argument("--accelerator", default="auto", choices=["auto", "gpu", "cpu"],
+                   help="'auto' (default): one GPU per process where CUDA is available (NCCL), else the CPU (gloo)")
     p.add_argument("--devices", type=int, default=2, help="processes = stages x partitions; 1 = plain Trainer")
     p.add_argument("--graph-parallel-size", type=int, default=1,
                    help="G graph partitions (hybrid parallelism: devices / G stages); 1 = pure GNNPipe")
@@ -138,7 +141,7 @@ def main() -> None:
     ckpt = ModelCheckpoint(dirpath=os.path.join(logger.log_dir, "checkpoints"), save_last=True)
     strategy = GNNPipeStrategy(schedule=args.schedule, graph_parallel_size=args.graph_parallel_size) \
         if args.devices > 1 else "auto"
-    trainer = Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_epochs=args.epochs,
+    trainer = Trainer(accelerator=args.accelerator, devices=args.devices, strategy=strategy, max_epochs=args.epochs,
                       logger=logger, callbacks=[ckpt], log_every_n_steps=1, enable_progress_bar=False)
     trainer.fit(module, datamodule=dm)
     result = trainer.test(module, datamodule=dm, verbose=False)[0]

@@ -158,20 +158,22 @@ def callback_summary(trainer, stop, best, metrics) -> Dict[str, Any]:
 
 
 def rewrite_history(src, dst, history: Optional[Dict[int, torch.Tensor]] = None) -> str:
-    """Copy checkpoint ``src`` to ``dst`` with its history tables replaced by ``history`` (``None``: none saved)."""
+    """Copy checkpoint ``src`` to ``dst`` with its tables replaced by inline ``history`` (``None``: none saved)."""
     from lightning_gnnpipe.strategy.checkpoint import CHECKPOINT_KEY
 
     state = torch.load(src, weights_only=True)
-    state[CHECKPOINT_KEY]["history"] = history
+    state[CHECKPOINT_KEY]["history"] = history  # inline tables, as older checkpoints hold them
+    state[CHECKPOINT_KEY]["history_tables"] = None
     torch.save(state, dst)
     return str(dst)
 
 
-def failing_job(datamodule, mode: str, timeout_s: float, fail_rank: int = 1) -> None:
+def failing_job(datamodule, mode: str, timeout_s: float, fail_rank: int = 1, option: str = "timeout") -> None:
     """Fit a 2-stage model whose rank ``fail_rank`` fails in epoch 1 (see :class:`FailingGCN`).
 
-    Validation runs only in mode ``"validation"`` (the failure is in it).
+    ``timeout_s`` is given as the strategy's ``option`` (``"timeout"`` or ``"exchange_timeout"``, the other one
+    keeps its default). Validation runs only in mode ``"validation"`` (the failure is in it).
     """
     fit_rank(FailingGCN(16, 16, 2, 4, mode=mode, fail_rank=fail_rank), datamodule, 2, 3,
-             strategy_kwargs={"timeout": timedelta(seconds=timeout_s)},
+             strategy_kwargs={option: timedelta(seconds=timeout_s)},
              limit_val_batches=1.0 if mode == "validation" else 0)

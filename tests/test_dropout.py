@@ -77,6 +77,46 @@ def test_node_dropout_outside_a_context_and_in_eval():
             pass
 
 
+def _reference_salt(seed: int, epoch: int) -> int:
+    """The salt with Python's unbounded ints (an independent statement of the mixing formula)."""
+    x = (seed * 0x9E3779B1 + epoch * 0x85EBCA77) % 2**32
+    for _ in range(2):
+        x = ((x >> 16) ^ x) * 0x45D9F3B % 2**32
+    return (x >> 16) ^ x
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7, 2**31 - 1, 2**32 + 5, 2**62 + 12345, -1, -(2**40) - 3])
+def test_a_seed_tensor_gives_the_masks_of_the_int_seed(seed):
+    """The seed buffer is hashed on its device (no host read); int64 products must not overflow: large and negative
+    seeds give the masks of Python's exact integer arithmetic."""
+    from lightning_gnnpipe.nn.dropout import _salt
+
+    for epoch in (0, 3, 10**6):
+        assert int(_salt(torch.tensor(seed), epoch)) == _salt(seed, epoch) == _reference_salt(seed, epoch)
+    ids = torch.arange(300)
+    assert torch.equal(node_mask(ids, 16, 0.4, torch.tensor(seed), 2), node_mask(ids, 16, 0.4, seed, 2))
+
+
+def test_node_dropout_reads_nothing_back_from_its_tensors(monkeypatch):
+    """A forward under ``node_rows`` never converts a tensor to a Python number (a host sync per call on CUDA)."""
+    drop, x = NodeDropout(0.5, seed=3).train(), torch.ones(50, 4)
+    with node_rows(torch.arange(50), epoch=1):
+        expected = drop(x)
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("a tensor was read on the host")
+
+    for name in ("__int__", "__index__", "__float__", "__bool__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    with node_rows(torch.arange(50), epoch=1):
+        got = drop(x)
+    monkeypatch.undo()
+    assert torch.equal(got, expected)
+    with pytest.raises(AssertionError, match="read on the host"):  # the spy does see a host read
+        monkeypatch.setattr(torch.Tensor, "__int__", refuse)
+        int(drop.seed)
+
+
 @pytest.mark.parametrize("dropout,model_name", [("node", "dropconv"), ("plain", "dropconv"), ("node", "gcnii")])
 def test_chunked_training_forward_equals_full_graph_with_the_same_masks(cora, dropout, model_name):
     """Within one epoch at fixed weights, L passes make every table row current: with NodeDropout the chunked

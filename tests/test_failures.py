@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import psutil
@@ -152,19 +153,42 @@ def test_layer_error_reaches_the_user_unwrapped(small_dm):
     assert rank1.exitcode == 1 and "stopped because another rank stopped answering" in rank1.error
 
 
-@pytest.mark.parametrize("signal_name", ["kill", "stop"])
-def test_lost_rank_without_launcher(small_dm, signal_name):
-    """SIGKILL closes the rank's connections (peers fail at once); SIGSTOP leaves them open (timeout)."""
+@pytest.mark.parametrize("signal_name,option", [("kill", "timeout"), ("stop", "timeout"), ("stop", "exchange_timeout")])
+def test_lost_rank_without_launcher(small_dm, signal_name, option):
+    """SIGKILL closes the rank's connections (peers fail at once); SIGSTOP leaves them open (timeout). With only
+    ``exchange_timeout`` short (``timeout`` at its 600 s default) the pipeline's own transfers end the wait."""
     # After the first rank ends, the other gets `linger` seconds: rank 0 needs its grace period
     # after rank 1 was killed; a stopped rank 1 never ends by itself.
     linger = PEER_FAILURE_GRACE_S + 5 if signal_name == "kill" else 0.5
-    rank0, rank1 = run_world(2, failing_job, small_dm, signal_name, PG_TIMEOUT_S, timeout=LIMIT_S, linger=linger)
+    rank0, rank1 = run_world(2, failing_job, small_dm, signal_name, PG_TIMEOUT_S, option=option, timeout=LIMIT_S,
+                             linger=linger)
     assert rank1.exitcode in ((-9,) if signal_name == "kill" else (None,))  # killed / still hanging
     assert rank0.exitcode == 1 and "stopped because another rank stopped answering" in rank0.error
     if signal_name == "stop":
         assert "Timed out" in rank0.error
         assert rank0.seconds > PG_TIMEOUT_S
     assert rank0.seconds < PG_TIMEOUT_S + PEER_FAILURE_GRACE_S + 20  # start-up and one epoch included
+
+
+def test_exchange_timeout_must_be_a_positive_timedelta():
+    with pytest.raises(ValueError, match=r"`exchange_timeout` must be a positive timedelta \(got 30\)"):
+        GNNPipeStrategy(exchange_timeout=30)
+    with pytest.raises(ValueError, match=r"GraphParallelStrategy: `exchange_timeout` must be a positive timedelta"):
+        GraphParallelStrategy(exchange_timeout=timedelta(0))
+    assert GNNPipeStrategy(timeout=timedelta(seconds=10))._exchange_timeout == timedelta(seconds=10)  # at most
+
+
+def test_nccl_error_handling_is_switched_on_unless_set():
+    """NCCL's watchdog must abort the communicators and end the process on a timeout (``1``, torchrun's default);
+    a user's own value stays, and nothing is set for gloo."""
+    from lightning_gnnpipe.strategy.failures import NCCL_ERROR_HANDLING, enable_nccl_error_handling
+
+    env = {}
+    assert enable_nccl_error_handling("nccl", env) and env == {NCCL_ERROR_HANDLING: "1"}
+    env = {NCCL_ERROR_HANDLING: "3"}
+    assert not enable_nccl_error_handling("cpu:gloo,cuda:nccl", env) and env == {NCCL_ERROR_HANDLING: "3"}
+    env = {}
+    assert not enable_nccl_error_handling("gloo", env) and not enable_nccl_error_handling(None, env) and env == {}
 
 
 def test_rank_location_names_stage_and_partition(monkeypatch):

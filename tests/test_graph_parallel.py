@@ -122,3 +122,36 @@ def test_norm_checks_name_the_partition(graph):
 def test_comm_stats_rejects_unknown_kind():
     with pytest.raises(ValueError, match="unknown kind 'halo'"):
         CommStats().record("halo", sent=1)
+
+
+class _Event:
+    """A stand-in for ``torch.cuda.Event``: its time is set when recorded, read with ``elapsed_time`` (ms)."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def elapsed_time(self, later: "_Event") -> float:
+        return (later.at - self.at) * 1e3
+
+
+def test_waits_timed_by_device_events_are_settled_once():
+    """On CUDA a wait is the time between two events on the stream, resolved after the step's one synchronisation:
+    nothing is added before :meth:`CommStats.settle`, and :meth:`reset` keeps the clock."""
+    from lightning_gnnpipe.comm.accounting import StepClock
+
+    stream_time = iter([1.0, 1.25, 3.0, 3.5])  # two waits of 0.25 s and 0.5 s on the device
+
+    class DeviceClock(StepClock):
+        def mark(self):
+            return _Event(next(stream_time))
+
+    stats = CommStats(clock=DeviceClock(torch.device("cuda", 0)))  # no CUDA call made
+    for _ in range(2):
+        with stats.waiting():
+            pass
+    assert stats.wait_s == 0.0  # on the host nothing is known yet
+    stats.settle()
+    assert stats.wait_s == pytest.approx(0.75)
+    stats.reset()
+    assert isinstance(stats.clock, DeviceClock) and stats.wait_s == 0.0 and stats._pending == []
+    assert not StepClock(torch.device("cpu")).cuda and StepClock(torch.device("cuda", 0)).cuda

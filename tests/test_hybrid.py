@@ -105,7 +105,7 @@ def test_hybrid_resume_equals_the_uninterrupted_run(tmp_path, graph):
     history tables and every rank's generators continues bit for bit like the uninterrupted run."""
     import functools
 
-    from lightning_gnnpipe.strategy.checkpoint import CHECKPOINT_KEY
+    from lightning_gnnpipe.strategy.checkpoint import CHECKPOINT_KEY, read_history_tables
     from tests.scenarios import DropoutGCN, losses_job
     from tests.world import run_world, values
 
@@ -119,9 +119,9 @@ def test_hybrid_resume_equals_the_uninterrupted_run(tmp_path, graph):
     assert len(full) == 5 and resumed == full[2:]  # bit for bit
     state = torch.load(ckpt / "epoch=1.ckpt", weights_only=True)[CHECKPOINT_KEY]
     assert len(state["rng_states"]) == 4 and state["graph_parallel_size"] == 2
-    tables = state["partition_history"]
-    assert len(tables) == 2 and sorted(tables[0]) == sorted(tables[1]) == [1, 2, 3]
-    assert not torch.equal(tables[0][1], tables[1][1])  # each pipeline holds its own view of the graph
+    tables = read_history_tables(ckpt / "epoch=1.ckpt")  # every rank wrote its own
+    assert sorted(tables) == [f"partition{g}/layer{layer}" for g in (0, 1) for layer in (1, 2, 3)]
+    assert not torch.equal(tables["partition0/layer1"], tables["partition1/layer1"])  # each pipeline: its own view
 
 
 def test_hybrid_rank_keeps_its_partition_tables_and_graph(tmp_path, graph):

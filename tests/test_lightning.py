@@ -11,6 +11,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule
+from lightning_gnnpipe.strategy.checkpoint import read_history_tables
 from tests.helpers import ChunkLossGCN, GCNModule, MetricRecorder, fit, losses, read_metrics, sbm_graph
 from tests.world import run_world, values
 
@@ -134,4 +135,5 @@ def test_multi_stage_checkpoint_and_exact_eval(tmp_path, graph):
     saved = state["gnnpipe"]  # both stages of each rank: their layers and their history tables
     assert saved["layers"] == [[0, 3], [1, 2]]
     rows = torch.cat(dm.plan.halo).unique().numel()  # tables keep the boundary nodes' rows
-    assert {k: tuple(v.shape) for k, v in saved["history"].items()} == {k: (rows, 32) for k in (1, 2, 3)}
+    tables = read_history_tables(str(tmp_path / "ckpt" / "last.ckpt"))
+    assert {k: tuple(v.shape) for k, v in tables.items()} == {f"partition0/layer{k}": (rows, 32) for k in (1, 2, 3)}

@@ -89,3 +89,11 @@ def test_measure_bandwidth_two_ranks(tmp_path):
     assert values[0] == values[1] and 1e6 < values[0] < float("inf")  # every rank gets rank 0's bytes/s
     with pytest.raises(ValueError, match="nbytes >= 4"):
         measure_bandwidth(nbytes=0)
+
+
+def test_bandwidth_buffer_on_the_backends_device():
+    """NCCL refuses CPU tensors: the default buffer follows the process group's backend."""
+    from lightning_gnnpipe.planner.cost import backend_device
+
+    assert backend_device("nccl") == backend_device("cpu:gloo,cuda:nccl") == torch.device("cuda")
+    assert backend_device("gloo") == torch.device("cpu")

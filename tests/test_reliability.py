@@ -21,7 +21,9 @@ from lightning_gnnpipe.nn.stack import infer_dims
 from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
 from lightning_gnnpipe.nn.normalization import norm_keys
 from lightning_gnnpipe.pipeline.stage import GNNStage
-from lightning_gnnpipe.strategy.checkpoint import CHECKPOINT_KEY, _rng_to_plain, restore_history, restore_rng
+from lightning_gnnpipe.strategy.checkpoint import (CHECKPOINT_KEY, _rng_to_plain, collect_rng_states,
+                                                   read_history_tables, restore_history, restore_rng,
+                                                   save_history_tables, set_rng_states)
 from tests.helpers import ChunkLossGCN, GCNModule, MetricRecorder, sbm_graph
 from tests.reference import chunked_reference, exact_inputs, gcn_layer
 from tests.scenarios import (DropoutGCN, MeanChunkLossGCN, RankDependentGCN, callback_summary, callbacks_job,
@@ -63,8 +65,12 @@ def test_resume_bit_exact_with_history_tables(tmp_path, graph):
     assert extra["fingerprint"] == dm.plan.fingerprint() and extra["layers"] == [[0, 1], [2, 3]]
     assert len(extra["rng_states"]) == 2
     assert not torch.equal(extra["rng_states"][0]["torch"], extra["rng_states"][1]["torch"])  # dropout drew
-    rows = torch.cat(dm.plan.halo).unique().numel()  # the boundary nodes' rows only
-    assert {k: tuple(v.shape) for k, v in extra["history"].items()} == {1: (rows, 32), 2: (rows, 32), 3: (rows, 32)}
+    # every rank wrote its own tables beside the file: rank 0 layer 1, rank 1 layers 2 and 3 (boundary rows only)
+    assert sorted(p.name for p in (ckpt / "epoch=2.ckpt.history").iterdir()) == [".metadata", "__0_0.distcp",
+                                                                                 "__1_0.distcp"]
+    rows = torch.cat(dm.plan.halo).unique().numel()
+    assert {k: tuple(v.shape) for k, v in read_history_tables(ckpt / "epoch=2.ckpt").items()} == {
+        f"partition0/layer{layer}": (rows, 32) for layer in (1, 2, 3)}
 
     # Without the tables the resume refills them exactly (no dropout, the saved weights): it continues as the
     # resume from a checkpoint holding the exact tables, computed here by the unsplit model (tests/reference.py).
@@ -196,6 +202,39 @@ def test_restore_history_loads_refuses_or_skips():
     with pytest.warns(UserWarning, match="belong to another chunk plan"):
         assert not restore_history({**saved, "fingerprint": "0123"}, stage, plan)
     assert not restore_history({**saved, "history": None}, stage, plan) and not restore_history(None, stage, plan)
+
+
+def test_history_tables_written_beside_the_checkpoint_and_read_back(tmp_path):
+    """``torch.distributed.checkpoint`` in one process: the stage's tables round-trip by key; a missing directory
+    or a table of another width is refused as the inline tables are."""
+    stage, plan = _stage_with_layers_1_2()
+    for table in stage.histories.values():
+        table.emb.normal_()
+    directory = tmp_path / "epoch=0.ckpt.history"
+    shapes = save_history_tables([stage], str(directory), partition=1)
+    rows = stage.histories["1"].emb.size(0)  # the boundary nodes'
+    assert shapes == {"partition1/layer1": (rows, 8), "partition1/layer2": (rows, 8)}
+    fresh, _ = _stage_with_layers_1_2()
+    saved = {"fingerprint": plan.fingerprint(), "history": None, "history_tables": {"dir": str(directory),
+                                                                                   "shapes": shapes}}
+    assert restore_history(saved, fresh, plan, partition=1)
+    for key, table in stage.histories.items():
+        assert torch.equal(fresh.histories[key].emb, table.emb)
+    with pytest.raises(ValueError, match=r"history table of layer 1 does not fit the model \(got None"):
+        restore_history(saved, fresh, plan, partition=0)  # pipeline 0 wrote no tables here
+    with pytest.warns(UserWarning, match="history tables are missing"):
+        assert not restore_history({**saved, "history_tables": {"dir": str(tmp_path / "gone"), "shapes": shapes}},
+                                   fresh, plan, partition=1)
+
+
+def test_rng_states_hold_no_other_device():
+    """Without a CUDA device no CUDA state is saved; an old checkpoint's list of every GPU's states is ignored on
+    the CPU (it was read with ``torch.cuda.get_rng_state_all``, one entry per visible GPU)."""
+    states = collect_rng_states(torch.device("cpu"))
+    assert "torch.cuda" not in states and set(states) == {"torch", "python", "numpy"}
+    expected = torch.rand(2)
+    set_rng_states({**states, "torch.cuda": [torch.zeros(16, dtype=torch.uint8)] * 2}, torch.device("cpu"))
+    assert torch.equal(torch.rand(2), expected)
 
 
 def test_restore_rng_same_layout_only():

@@ -357,6 +357,29 @@ def test_adjacency_matches_dense(chunks, index_dtype):
     assert to_adj_t(ch.edge_index, ch.n_inner, ch.n_local, square=True).shape == (ch.n_local, ch.n_local)
 
 
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_deterministic_matmul_equals_the_csr_product(chunks, index_dtype):
+    """The kernel taken on CUDA under ``torch.use_deterministic_algorithms(True)`` (run here on the CPU) equals the
+    dense product, both ways (forward ``adj_t``, backward ``adj``), on rows with no entries too (halo rows of the
+    transpose); the same inputs give the same bits."""
+    from lightning_gnnpipe.data.adjacency import csr_matmul, deterministic_matmul
+
+    ch = chunks[2]
+    w = torch.rand(ch.edge_index.size(1))
+    dense = _dense_adj(ch.edge_index, ch.n_inner, ch.n_local, w)
+    op = build_adjacency(ch.edge_index, ch.n_inner, ch.n_local, w, index_dtype=index_dtype).operator(torch.float64)
+    x, g = torch.randn(ch.n_local, 6, dtype=torch.float64), torch.randn(ch.n_inner, 6, dtype=torch.float64)
+    assert_close(deterministic_matmul(op.adj_t, x), dense @ x)
+    assert_close(deterministic_matmul(op.adj, g), dense.t() @ g)
+    assert bool((dense.t().abs().sum(1) == 0).any())  # some rows of the transpose have no entry
+    assert torch.equal(deterministic_matmul(op.adj_t, x), deterministic_matmul(op.adj_t, x))
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert torch.equal(csr_matmul(op.adj_t, x), op.adj_t @ x)  # on the CPU: the CSR kernel, also in that mode
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 def test_adjacency_errors(chunks):
     ch = chunks[0]
     with pytest.raises(ValueError, match="inner node"):

@@ -58,9 +58,12 @@ def rank_env(rank: int, nprocs: int, port: int, nodes: int = 1) -> Dict[str, str
 
 
 def _worker(rank: int, nprocs: int, port: int, out: str, fn: Callable, args: tuple, kwargs: dict,
-            nodes: int = 1) -> None:
+            nodes: int = 1, payload: Optional[bytes] = None) -> None:
     os.environ.update(rank_env(rank, nprocs, port, nodes))
     import torch
+
+    if payload is not None:  # spawn: the call, pickled with plain pickle (copies, no shared tensor memory)
+        fn, args, kwargs = pickle.loads(payload)
 
     # One thread, and OMP_NUM_THREADS so that Lightning keeps it: an OpenMP parallel region in a
     # child forked after the parent used OpenMP can deadlock (GNU libgomp), seen with 1 rank.
@@ -77,23 +80,28 @@ def _worker(rank: int, nprocs: int, port: int, out: str, fn: Callable, args: tup
 
 
 def run_world(nprocs: int, fn: Callable, *args: Any, timeout: float = 120.0, linger: Optional[float] = None,
-              nodes: int = 1, **kwargs: Any) -> List[RankResult]:
+              nodes: int = 1, start_method: str = "fork", **kwargs: Any) -> List[RankResult]:
     """Fork ``nprocs`` ranks that each call ``fn(*args, **kwargs)``; wait at most ``timeout`` seconds.
 
     With ``linger``, once some rank has exited, the others get at most ``linger`` more seconds.
     With ``nodes > 1`` the ranks get the environment of ``nprocs / nodes`` processes per node, as torchrun
-    starts them on each node (:func:`rank_env`).
+    starts them on each node (:func:`rank_env`). ``start_method="spawn"`` starts fresh interpreters instead (``fn``
+    and the arguments are pickled): needed for ranks that use CUDA once the parent process has.
 
     Returns every rank's :class:`RankResult` (``exitcode`` ``None`` for a rank that was still
     running at the deadline; it is then killed). No process outlives this call.
     """
     if nodes < 1 or nprocs % nodes:
         raise ValueError(f"run_world: `nodes` must divide the number of processes {nprocs} (got {nodes})")
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context(start_method)
     port = free_port()
+    # multiprocessing's spawn pickler would hand every rank the parent's CPU tensors in shared memory (torch's
+    # reductions), so that the ranks' optimizers would all update one copy of the weights: pickle plainly instead.
+    payload = pickle.dumps((fn, args, kwargs)) if start_method == "spawn" else None
+    call = (None, (), {}) if payload is not None else (fn, args, kwargs)
     with tempfile.TemporaryDirectory() as out:
         start = time.monotonic()
-        procs = [ctx.Process(target=_worker, args=(r, nprocs, port, out, fn, args, kwargs, nodes), daemon=True)
+        procs = [ctx.Process(target=_worker, args=(r, nprocs, port, out, *call, nodes, payload), daemon=True)
                  for r in range(nprocs)]
         for p in procs:
             p.start()

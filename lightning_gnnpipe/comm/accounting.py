@@ -16,6 +16,11 @@ Collectives are counted as the bytes the textbook algorithm moves per rank: a ri
 ``G-1`` ranks and receives theirs; a broadcast of ``P`` bytes from the root sends ``(G-1) P``
 and every other rank receives ``P``. Gloo may use another algorithm internally; the counts are
 the logical traffic, the same on every backend.
+
+Seconds come from a :class:`StepClock`: ``time.perf_counter`` on the CPU; on a CUDA device, CUDA events
+(``torch.cuda.Event(enable_timing=True)``) recorded on the current stream around each wait and resolved once at the
+end of the step (:meth:`CommStats.settle`), so a wait is the time the stream spent in the transfer, not the time it
+took to launch it (NCCL calls return to the host before the transfer ends).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -38,6 +43,35 @@ def nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+class StepClock:
+    """Timestamps of one step: ``time.perf_counter`` on the CPU, CUDA events on a CUDA device.
+
+    Args:
+        device: Where the timed work runs (default: the CPU).
+    """
+
+    def __init__(self, device: Optional[torch.device] = None) -> None:
+        self.cuda = device is not None and torch.device(device).type == "cuda"
+        self.device = device
+
+    def mark(self) -> Any:
+        """A timestamp: a float (seconds) on the CPU, a recorded ``torch.cuda.Event`` on CUDA."""
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, origin: Any, mark: Any) -> float:
+        """Seconds from ``origin`` to ``mark`` (on CUDA, call :meth:`wait` first)."""
+        return origin.elapsed_time(mark) / 1e3 if self.cuda else mark - origin
+
+    def wait(self) -> None:
+        """Wait for the device's queued work (a no-op on the CPU)."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+
 @dataclass
 class CommStats:
     """One rank's communication in one training step (= one epoch: one full-graph step).
@@ -49,6 +83,7 @@ class CommStats:
         bubble_s: Seconds of pipeline fill and drain on this rank (0 without a pipeline).
         compute_s: Seconds of stage compute (pipeline only; 0 where not measured).
         step_s: Seconds of the whole step on this rank.
+        clock: How seconds are taken (kept by :meth:`reset`; set it to the device's clock once the device is known).
     """
 
     bytes_sent: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
@@ -57,6 +92,8 @@ class CommStats:
     bubble_s: float = 0.0
     compute_s: float = 0.0
     step_s: float = 0.0
+    clock: StepClock = field(default_factory=StepClock, repr=False, compare=False)
+    _pending: List[Tuple[Any, Any]] = field(default_factory=list, repr=False, compare=False)
 
     def record(self, kind: str, sent: int = 0, recv: int = 0) -> None:
         """Add ``sent`` and ``recv`` bytes of traffic of ``kind``.
@@ -116,16 +153,25 @@ class CommStats:
 
     @contextmanager
     def waiting(self) -> Iterator[None]:
-        """Add the seconds spent inside the block to :attr:`wait_s`."""
-        t0 = time.perf_counter()
+        """Add the seconds spent inside the block to :attr:`wait_s` (on CUDA once :meth:`settle` runs)."""
+        start = self.clock.mark()
         try:
             yield
         finally:
-            self.wait_s += time.perf_counter() - t0
+            end = self.clock.mark()
+            if self.clock.cuda:
+                self._pending.append((start, end))
+            else:
+                self.wait_s += end - start
+
+    def settle(self) -> None:
+        """Add the waits timed with CUDA events to :attr:`wait_s` (after ``clock.wait()``; a no-op on the CPU)."""
+        self.wait_s += sum(self.clock.seconds(start, end) for start, end in self._pending)
+        self._pending = []
 
     def reset(self) -> None:
-        """Zero every count (called at the start of each training step)."""
-        fresh = CommStats()
+        """Zero every count (called at the start of each training step); the clock stays."""
+        fresh = CommStats(clock=self.clock)
         self.__dict__.update(fresh.__dict__)
 
     @property
@@ -166,12 +212,12 @@ class CommStats:
         return out
 
 
-def log_comm(module: Any, stats: CommStats) -> Dict[str, float]:
-    """Gather every rank's counts and log them per epoch from the current ``*_step``.
+def log_comm(module: Any, stats: CommStats, group=None) -> Dict[str, float]:
+    """Gather every rank's counts over ``group`` (default: the world); log them per epoch from the current ``*_step``.
 
     Every rank logs the same gathered values (see :meth:`CommStats.world_metrics`), so the
     loggers, which write on rank 0 only, see every stage's figures.
     """
-    metrics = stats.world_metrics(device=module.device)
+    metrics = stats.world_metrics(group=group, device=module.device)
     module.log_dict(metrics, on_step=False, on_epoch=True, batch_size=1, sync_dist=True)  # same on every rank
     return metrics

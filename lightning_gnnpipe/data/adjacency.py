@@ -18,6 +18,12 @@ slower on CPU).
 Multi-edges are kept as separate entries (no coalescing), so a duplicated edge counts twice in a sum *and* in the
 degree of a mean, exactly as in the edge-list path. (``torch_geometric.utils.to_torch_csr_tensor`` coalesces: it
 merges duplicates by summing their values, which changes a mean.)
+
+Determinism. On CUDA, ``adj_t @ x`` is cuSPARSE's SpMM, which torch does not list among the kernels that
+``torch.use_deterministic_algorithms(True)`` makes deterministic (torch 2.13). With that switch on (or
+``Trainer(deterministic=True)``), CUDA products here take :func:`deterministic_matmul` instead: the entries'
+products gathered ``(E_c, d)`` and summed per row with ``index_add_``, which torch runs deterministically in that
+mode, at the edge-list path's memory. On the CPU the CSR product is deterministic already and is always used.
 """
 
 from __future__ import annotations
@@ -29,13 +35,36 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-__all__ = ["ChunkAdjacency", "SparseAdjacency", "build_adjacency", "build_chunk_adjacency", "to_adj_t"]
+__all__ = ["ChunkAdjacency", "SparseAdjacency", "build_adjacency", "build_chunk_adjacency", "csr_matmul",
+           "deterministic_matmul", "to_adj_t"]
 
 
 def _csr(crow: Tensor, col: Tensor, values: Tensor, size: Tuple[int, int]) -> Tensor:
     with warnings.catch_warnings():  # torch warns once per process that sparse CSR is "in beta state"
         warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in beta state.*")
         return torch.sparse_csr_tensor(crow, col, values, size, check_invariants=False)
+
+
+def deterministic_matmul(a: Tensor, x: Tensor) -> Tensor:
+    """``a @ x`` for a ``torch.sparse_csr`` ``a`` ``(n, m)`` as a gather and a row-wise ``index_add_``.
+
+    Deterministic on CUDA under ``torch.use_deterministic_algorithms(True)`` (torch's ``index_add`` then is); no host
+    sync (the row of every entry comes from ``repeat_interleave`` with a known output size).
+
+    Shapes:
+        ``x`` ``(m, d)`` -> ``(n, d)``; ``E`` entries of ``a`` take ``E x d`` values of scratch memory.
+    """
+    crow, col, values = a.crow_indices(), a.col_indices(), a.values()
+    rows = torch.repeat_interleave(torch.arange(a.size(0), device=x.device, dtype=crow.dtype), crow.diff(),
+                                   output_size=col.numel())
+    return x.new_zeros(a.size(0), x.size(1)).index_add_(0, rows, x.index_select(0, col) * values.unsqueeze(1))
+
+
+def csr_matmul(a: Tensor, x: Tensor) -> Tensor:
+    """``a @ x``: cuSPARSE / the CPU kernel, or :func:`deterministic_matmul` on CUDA in deterministic mode."""
+    if x.is_cuda and torch.are_deterministic_algorithms_enabled():
+        return deterministic_matmul(a, x)
+    return a @ x
 
 
 class _AdjMatmul(torch.autograd.Function):
@@ -48,13 +77,13 @@ class _AdjMatmul(torch.autograd.Function):
     def forward(ctx, x: Tensor, adj_t: Tensor, adj: Tensor) -> Tensor:  # type: ignore[override]
         ctx.adj = adj
         with torch.autocast(x.device.type, enabled=False):
-            return adj_t @ x
+            return csr_matmul(adj_t, x)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         with torch.autocast(grad.device.type, enabled=False):
-            return ctx.adj @ grad.to(ctx.adj.dtype), None, None
+            return csr_matmul(ctx.adj, grad.to(ctx.adj.dtype)), None, None
 
 
 class SparseAdjacency:

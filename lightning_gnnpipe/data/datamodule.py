@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
+import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader
@@ -32,6 +34,12 @@ class GraphChunkDataModule(LightningDataModule):
     The graph is validated and partitioned here, in the constructor, so that bad input fails in
     the main process before any process group starts; METIS runs once and the plan travels to
     spawned workers with the DataModule.
+
+    The graph goes to a device once (:meth:`device_graph`): Lightning's data hook
+    :meth:`transfer_batch_to_device` returns that copy at every step instead of copying every tensor of the
+    ``Data`` host to device per step, and the strategies read their features from the same copy. A
+    LightningModule's own ``transfer_batch_to_device`` is then not used (Lightning prefers the DataModule's hook and
+    warns); ``on_before_batch_transfer`` and ``on_after_batch_transfer`` still run at every step.
 
     Args:
         data: The graph, on any device (a graph on a GPU is copied to the CPU, where METIS and the plan run; the
@@ -74,6 +82,41 @@ class GraphChunkDataModule(LightningDataModule):
         if chunk_order == "greedy":
             plan = plan.reordered(greedy_chunk_order(plan, data.edge_index, num_parts))
         self.plan: ChunkPlan = plan
+        self._on_device: Dict[torch.device, Tuple[tuple, Data]] = {}
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_on_device"] = {}  # device copies stay in the process that made them
+        return state
+
+    def device_graph(self, device: Any) -> Data:
+        """Return the graph with every tensor on ``device``, copied once per device and kept.
+
+        The first call for a device moves a shallow copy of :attr:`data` with Lightning's ``move_data_to_device``
+        (on the CPU it shares the tensors); later calls return that object, so a step copies nothing. A new copy is
+        made if an attribute of :attr:`data` was replaced by another tensor; changes made in place to
+        :attr:`data`'s tensors after the first call are not seen on an accelerator.
+
+        Args:
+            device: The target device (``"cuda"`` without an index means the current CUDA device).
+
+        Returns:
+            A :class:`~torch_geometric.data.Data` with the same attributes as :attr:`data`.
+        """
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        key = tuple((name, id(value)) for name, value in self.data if isinstance(value, Tensor))
+        kept = self._on_device.get(device)
+        if kept is None or kept[0] != key:
+            kept = self._on_device[device] = (key, move_data_to_device(copy.copy(self.data), device))
+        return kept[1]
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Lightning's data hook: the graph's kept device copy (:meth:`device_graph`), other batches as Lightning."""
+        if batch is self.data:
+            return self.device_graph(device)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def stale_read_stats(self) -> Tuple[float, float]:
         """``(fraction of edges read historical, mean age in epochs)`` per layer >= 1 (see ``data/order.py``)."""

@@ -60,20 +60,36 @@ def _mix32(x: Union[Tensor, int]) -> Union[Tensor, int]:
     return (x >> 16) ^ x
 
 
-def node_mask(ids: Tensor, width: int, p: float, seed: int, epoch: int) -> Tensor:
+def _salt(seed: Union[Tensor, int], epoch: int) -> Union[Tensor, int]:
+    """``_mix32((seed * 0x9E3779B1 + epoch * 0x85EBCA77) mod 2**32)`` for a Python int or an int64 tensor seed.
+
+    A tensor seed stays on its device (no host read): the product is taken modulo ``2**32`` in 16-bit halves, so no
+    int64 product overflows, and equals the Python int formula for every int64 seed (negative ones included).
+    """
+    step = (int(epoch) * 0x85EBCA77) & _M32
+    if not isinstance(seed, Tensor):
+        return _mix32((seed * 0x9E3779B1 + step) & _M32)
+    s = seed.to(torch.int64) & _M32
+    low, high = s & 0xFFFF, s >> 16
+    product = (low * 0x9E3779B1 + (((high * 0x9E3779B1) & 0xFFFF) << 16)) & _M32
+    return _mix32((product + step) & _M32)
+
+
+def node_mask(ids: Tensor, width: int, p: float, seed: Union[Tensor, int], epoch: int) -> Tensor:
     """Return which entries of rows ``ids`` dropout keeps: a function of ``(seed, epoch, id, column)`` only.
 
     Args:
         ids: Global node ids ``(R,)``, integer (low 32 bits used).
         width: Columns ``d``.
         p: Drop probability; an entry is kept with probability ``1 - floor(p * 2**32) / 2**32``.
-        seed: Mask seed.
+        seed: Mask seed, a Python int or a 0-d integer tensor on ``ids.device`` (read on the device, no host
+            sync); both give the same mask.
         epoch: Epoch.
 
     Returns:
         Keep mask ``(R, d)``, bool, on ``ids.device``.
     """
-    salt = _mix32((seed * 0x9E3779B1 + epoch * 0x85EBCA77) & _M32)
+    salt = _salt(seed, epoch)
     row = _mix32((ids.to(torch.int64) & _M32) ^ salt)
     u = row[:, None] + torch.arange(width, device=ids.device, dtype=torch.int64) * 0x27D4EB2F
     u.bitwise_and_(_M32).bitwise_xor_(salt >> 1)
@@ -134,7 +150,8 @@ class NodeDropout(nn.Module):
         if x.size(0) != ids.numel():
             raise ValueError(f"NodeDropout: expected one row per node of the block's input, shape ({ids.numel()}, d) "
                              f"(got {tuple(x.shape)}). Apply it to node embeddings, not to edge or head tensors.")
-        keep = node_mask(ids.to(x.device), x.size(-1), self.p, int(self.seed), epoch)
+        # the seed buffer is read on the device: no host sync per call (one per chunk and layer otherwise)
+        keep = node_mask(ids.to(x.device), x.size(-1), self.p, self.seed.to(x.device), epoch)
         return x.masked_fill(~keep, 0.0) * (1.0 / (1.0 - self.p))
 
     def extra_repr(self) -> str:

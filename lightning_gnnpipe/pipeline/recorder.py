@@ -16,44 +16,21 @@ For equal stage times the bubble is ``(S-1)/(K+S-1)`` of the step (GPipe, arXiv 
 
 On a CUDA device the timeline is read from CUDA events (``torch.cuda.Event(enable_timing=True)``), recorded around
 each action and resolved once at the end of the step, so the kernels' time is measured without a host sync per
-chunk; on the CPU it is ``time.perf_counter``.
+chunk; on the CPU it is ``time.perf_counter`` (:class:`~lightning_gnnpipe.comm.accounting.StepClock`, shared with
+graph parallelism's timings).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from lightning_gnnpipe._compat import pipeline_stages, wrap_schedule_loss
-from lightning_gnnpipe.comm.accounting import CommStats, nbytes
+from lightning_gnnpipe.comm.accounting import CommStats, StepClock, nbytes
 
-
-class StepClock:
-    """Timestamps of one step: ``time.perf_counter`` on the CPU, CUDA events on a CUDA device."""
-
-    def __init__(self, device: Optional[torch.device] = None) -> None:
-        self.cuda = device is not None and device.type == "cuda"
-        self.device = device
-
-    def mark(self) -> Any:
-        """A timestamp: a float (seconds) on the CPU, a recorded ``torch.cuda.Event`` on CUDA."""
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def seconds(self, origin: Any, mark: Any) -> float:
-        """Seconds from ``origin`` to ``mark`` (on CUDA, call :meth:`wait` first)."""
-        return origin.elapsed_time(mark) / 1e3 if self.cuda else mark - origin
-
-    def wait(self) -> None:
-        """Wait for the device's queued work (a no-op on the CPU)."""
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
+__all__ = ["PipelineRecorder", "StepClock"]
 
 
 class PipelineRecorder:
@@ -69,6 +46,7 @@ class PipelineRecorder:
     def __init__(self, schedule: Any, stats: CommStats, device: Optional[torch.device] = None) -> None:
         self.stats = stats
         self.clock = StepClock(device)
+        stats.clock = self.clock  # the hybrid's exchange waits are timed by the same clock
         self.events: List[Tuple[str, float, float]] = []  # (action, start s, end s) from the step's start
         self._marks: List[Tuple[str, Any, Any]] = []
         self._t0: Any = 0.0
@@ -113,6 +91,7 @@ class PipelineRecorder:
         """End a step: set ``step_s``, ``compute_s``, ``bubble_s`` and ``wait_s`` (seconds)."""
         end = self.clock.mark()
         self.clock.wait()
+        self.stats.settle()
         seconds = self.clock.seconds
         self.events = [(name, seconds(self._t0, b), seconds(self._t0, e)) for name, b, e in self._marks]
         t1 = seconds(self._t0, end)

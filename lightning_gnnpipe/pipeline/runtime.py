@@ -227,7 +227,7 @@ class PipelineRuntime:
             else:
                 inputs = [torch.empty(n, d, device=self.device, dtype=self.boundary_dtype) for d in stage.input_widths]
                 for t in inputs:
-                    dist.recv(t, src=rank_of[lay.stage_rank[i - 1]])
+                    dist.recv(t, src=rank_of[lay.stage_rank[i - 1]], group=lay.pipeline_group)
                 inputs = [t.to(self.data_dtype) for t in inputs]
             out = stage.forward_full(*inputs, write_history=write_history, drift=drift)
             outputs = out if isinstance(out, tuple) else (out,)
@@ -235,7 +235,8 @@ class PipelineRuntime:
                 h = outputs[0].to(self.data_dtype)
             elif lay.stage_rank[i + 1] != lay.position:
                 for t in outputs:
-                    dist.send(t.to(self.boundary_dtype).contiguous(), dst=rank_of[lay.stage_rank[i + 1]])
+                    dist.send(t.to(self.boundary_dtype).contiguous(), dst=rank_of[lay.stage_rank[i + 1]],
+                              group=lay.pipeline_group)
         if not lay.is_last:
             h = torch.empty(n, self.dims[-1], device=self.device, dtype=self.data_dtype)
         assert h is not None

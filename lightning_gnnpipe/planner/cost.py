@@ -140,19 +140,33 @@ def _hybrid_estimates(edge_index: Tensor, num_nodes: int, dims: List[int], layer
     return out
 
 
+def backend_device(backend: str) -> torch.device:
+    """The device whose tensors a process group of ``backend`` exchanges: CUDA (the current device) for NCCL.
+
+    Args:
+        backend: ``torch.distributed.get_backend(group)``, e.g. ``"gloo"``, ``"nccl"`` or ``"cpu:gloo,cuda:nccl"``.
+
+    Returns:
+        ``torch.device("cuda")`` when the backend includes NCCL (which refuses CPU tensors), else the CPU.
+    """
+    return torch.device("cuda") if "nccl" in str(backend).lower() else torch.device("cpu")
+
+
 def measure_bandwidth(nbytes: int = 1 << 24, repeats: int = 5, group=None, device=None) -> float:
     """Measure point-to-point bandwidth between the first two ranks of ``group`` (bytes per second).
 
     A collective: every rank of ``group`` calls it. Ranks 0 and 1 exchange a ``nbytes`` float32 buffer
     back and forth ``repeats`` times (``send``/``recv`` of the process group's backend, as the pipeline's
     P2P transfers); the best round trip gives ``2 * nbytes / seconds``. The result is broadcast, so every
-    rank returns the same value. With one rank there is no link: returns ``inf``.
+    rank returns the same value. With one rank there is no link: returns ``inf``. On a CUDA buffer each round
+    trip ends with ``torch.cuda.synchronize``, so the time is the transfer's, not the launch's.
 
     Args:
         nbytes: Size of the exchanged buffer (bytes).
         repeats: Round trips; the fastest is kept.
         group: Process group (default: the world).
-        device: Device of the buffers: the CPU (default) for gloo, this rank's CUDA device for nccl.
+        device: Device of the buffers; default: the group backend's (:func:`backend_device`: this rank's current
+            CUDA device under NCCL, the CPU under gloo).
 
     Returns:
         Bandwidth in bytes per second (``inf`` with one rank).
@@ -169,7 +183,7 @@ def measure_bandwidth(nbytes: int = 1 << 24, repeats: int = 5, group=None, devic
         return float("inf")
     rank = dist.get_rank(group)
     peer = lambda r: dist.get_global_rank(group, r) if group is not None else r  # noqa: E731
-    buf = torch.zeros(nbytes // 4, device=device)
+    buf = torch.zeros(nbytes // 4, device=device if device is not None else backend_device(dist.get_backend(group)))
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
@@ -179,10 +193,17 @@ def measure_bandwidth(nbytes: int = 1 << 24, repeats: int = 5, group=None, devic
         elif rank == 1:
             dist.recv(buf, peer(0), group=group)
             dist.send(buf, peer(0), group=group)
+        _synchronize(buf)
         best = min(best, time.perf_counter() - start)
-    result = torch.tensor([2 * (nbytes // 4) * 4 / best if rank == 0 else 0.0], dtype=torch.float64, device=device)
+    result = torch.tensor([2 * (nbytes // 4) * 4 / best if rank == 0 else 0.0], dtype=torch.float64,
+                          device=buf.device)
     dist.broadcast(result, peer(0), group=group)
     return float(result)
+
+
+def _synchronize(t: Tensor) -> None:
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
 
 
 def measure_layer_seconds(blocks: Sequence[nn.Module], x: Tensor, edge_index: Tensor, repeats: int = 3) -> List[float]:
@@ -193,9 +214,11 @@ def measure_layer_seconds(blocks: Sequence[nn.Module], x: Tensor, edge_index: Te
         best: Optional[float] = None
         for _ in range(repeats):
             inp = h.detach().requires_grad_(h.is_floating_point())
+            _synchronize(inp)
             start = time.perf_counter()
             y = block(inp, edge_index)
             y.float().sum().backward()
+            _synchronize(inp)  # on CUDA: the kernels' time, not their launches'
             elapsed = time.perf_counter() - start
             best = elapsed if best is None else min(best, elapsed)
         for prm in block.parameters():

@@ -31,10 +31,10 @@ from torchmetrics import Metric
 
 from lightning_gnnpipe._compat import (default_process_group_backend, init_dist_connection, optimizers_to_device,
                                        sync_ddp_if_available)
-from lightning_gnnpipe.comm.accounting import CommStats, log_comm
+from lightning_gnnpipe.comm.accounting import CommStats, StepClock, log_comm
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.nn.stack import LayerStack, infer_dims
-from lightning_gnnpipe.strategy.failures import handle_rank_failure
+from lightning_gnnpipe.strategy.failures import enable_nccl_error_handling, handle_rank_failure
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.insight import PipelineInsight
 from lightning_gnnpipe.strategy.allocator import (DEFAULT_HEAP_MMAP_THRESHOLD, check_heap_mmap_threshold,
@@ -53,7 +53,14 @@ class WholeGraphStrategy(ParallelStrategy):
     """Base of :class:`~lightning_gnnpipe.GNNPipeStrategy` and :class:`~lightning_gnnpipe.GraphParallelStrategy`.
 
     Args:
-        timeout: Timeout of every collective; a rank that stops answering ends the job after this long.
+        timeout: Timeout of every collective (default 600 s); a rank that stops answering ends the job after this
+            long at most.
+        exchange_timeout: Timeout of the strategy's own exchanges during steps and evaluation (stage transfers, halo
+            rows, gradient sums, logits, metrics; default 120 s, at most ``timeout``): they run in process groups of
+            their own, so a rank that died or hangs ends the job after this long. Under NCCL that is the watchdog's
+            timeout; :func:`~lightning_gnnpipe.strategy.failures.enable_nccl_error_handling` is applied in every
+            rank. Raise it if a stage's work between two transfers (an exact forward over the whole graph) can take
+            longer. Lightning's own collectives and checkpoint writes keep ``timeout``.
         start_method: ``"spawn"`` (default) or ``"popen"``; under torchrun/SLURM the processes already exist.
         process_group_backend: ``"gloo"`` (CPU default) or ``"nccl"`` (GPU default).
         profile_epoch: Record this epoch's training step with ``torch.profiler`` (one Chrome trace per rank).
@@ -71,12 +78,13 @@ class WholeGraphStrategy(ParallelStrategy):
 
     Raises:
         ValueError: Unknown ``start_method``, bad ``profile_epoch`` or ``heap_mmap_threshold``, ``huge_pages`` not a
-            bool.
+            bool, ``exchange_timeout`` not a positive ``timedelta``.
     """
 
     def __init__(
         self,
         timeout: timedelta = timedelta(seconds=600),
+        exchange_timeout: timedelta = timedelta(seconds=120),
         start_method: Literal["spawn", "popen"] = "spawn",
         process_group_backend: Optional[str] = None,
         profile_epoch: Optional[int] = None,
@@ -95,6 +103,11 @@ class WholeGraphStrategy(ParallelStrategy):
         if start_method not in ("spawn", "popen"):
             raise ValueError(f"{type(self).__name__}: `start_method` must be 'spawn' or 'popen' (got {start_method!r}).")
         self._timeout, self._start_method = timeout, start_method
+        if not isinstance(exchange_timeout, timedelta) or exchange_timeout <= timedelta(0):
+            raise ValueError(f"{type(self).__name__}: `exchange_timeout` must be a positive timedelta (got "
+                             f"{exchange_timeout!r}). Use e.g. timedelta(seconds=120).")
+        self._exchange_timeout = min(timeout, exchange_timeout)
+        self.exchange_group: Any = None  # every rank, with `exchange_timeout` (setup_environment)
         self._heap_mmap_threshold = check_heap_mmap_threshold(heap_mmap_threshold, type(self).__name__)
         if not isinstance(huge_pages, bool):
             raise ValueError(f"{type(self).__name__}: `huge_pages` must be True or False (got {huge_pages!r}).")
@@ -166,7 +179,9 @@ class WholeGraphStrategy(ParallelStrategy):
             rank_zero_warn(f"{type(self).__name__}: `huge_pages=True` cannot act in rank {self.global_rank}: {why}.")
         self._process_group_backend = self._process_group_backend or default_process_group_backend(self.root_device)
         assert self.cluster_environment is not None
+        enable_nccl_error_handling(self._process_group_backend)  # before the NCCL process group exists
         init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout)
+        self.exchange_group = dist.new_group(timeout=self._exchange_timeout, group_desc="gnnpipe_exchange")
         self._setup_groups()
 
     def _setup_groups(self) -> None:
@@ -239,6 +254,7 @@ class WholeGraphStrategy(ParallelStrategy):
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         self._local_metrics()
+        self.comm_stats.clock = StepClock(self.root_device)  # CUDA events on a GPU
         self._build(trainer)
         # What the ranks read the whole graph for is built: let go of the shared pages they no longer read
         released = release_shared_pages(self._graph_tensors_done(trainer.datamodule.data))
@@ -276,7 +292,7 @@ class WholeGraphStrategy(ParallelStrategy):
                 f"{type(self).__name__}: ranks built different chunk plans (got fingerprints {prints}). "
                 "Build the GraphChunkDataModule from the same graph on every rank, or pass `part=`."
             )
-        x = dm.data.x.to(self.root_device)
+        x = dm.device_graph(self.root_device).x  # the copy every step's batch holds (no second one on the device)
         self._dims = infer_dims(stack.blocks, x[:2])
         # Stage activations travel in the autocast dtype, if any (strategy/precision.py).
         self._data_dtype, self._boundary_dtype = x.dtype, autocast_dtype(self.precision_plugin) or x.dtype
@@ -298,7 +314,7 @@ class WholeGraphStrategy(ParallelStrategy):
 
     def _log_comm(self) -> Dict[str, float]:
         """Log this step's traffic of every rank as ``comm/...`` and return it (a collective)."""
-        return log_comm(self.lightning_module, self.comm_stats)
+        return log_comm(self.lightning_module, self.comm_stats, self.exchange_group)
 
     def _end_step(self, output: Any) -> Any:
         """Stash the step's gradients for :meth:`backward`; return the output detached."""
@@ -358,5 +374,5 @@ class WholeGraphStrategy(ParallelStrategy):
         return f"rank {self.global_rank}"
 
     def teardown(self) -> None:
-        self._grads, self._rank_group = [], None
+        self._grads, self._rank_group, self.exchange_group = [], None, None
         super().teardown()

@@ -12,11 +12,20 @@ first rank that exits with an error and stops the rest, so:
 * an error raised inside a stage's forward pass reaches the user as itself: torch's pipelining
   stage wraps it in ``RuntimeError("[Stage i] failed to run forward: ...")`` (the original only
   as ``__cause__``, mid-traceback); :func:`unwrap_stage_error` finds the original in the ``__cause__`` chain.
+
+Under NCCL a peer that died leaves the others blocked in a transfer on the GPU, which no Python exception ends:
+NCCL's watchdog does, after the process group's timeout. :func:`enable_nccl_error_handling` turns on NCCL's
+asynchronous error handling before the process group starts (as ``torchrun`` does), so the watchdog aborts the
+communicators and tears the process down, with a line naming the rank (``[... Rank r] Watchdog caught collective
+operation timeout: WorkNCCL(SeqNum=..., OpType=...) ran for ... milliseconds``); the strategies run their own
+exchanges in process groups with a short timeout (``exchange_timeout``), so that happens within it.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from typing import MutableMapping, Optional
 
 import torch.distributed as dist
 
@@ -34,6 +43,27 @@ _PEER_MARKERS = (  # gloo and nccl messages when a peer died, hung or closed its
     "timeout",
 )
 _MARK = "_gnnpipe_handled"
+
+NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+"""NCCL's asynchronous error handling switch (read when an NCCL process group is created)."""
+
+
+def enable_nccl_error_handling(backend: Optional[str], environ: Optional[MutableMapping[str, str]] = None) -> bool:
+    """Set :data:`NCCL_ERROR_HANDLING` to ``"1"`` for an NCCL backend, unless it is set already; return whether set.
+
+    ``1``: on an NCCL error or a timed-out collective, NCCL's watchdog aborts the communicators and tears the process
+    down (PyTorch's ``ProcessGroupNCCL`` environment variables); ``torchrun`` sets the same default for its workers.
+    Call it in the rank's own process before its process group is created. Other backends: nothing is set.
+
+    Args:
+        backend: The process group backend (``"nccl"``, ``"gloo"``, ``"cpu:gloo,cuda:nccl"``, ...).
+        environ: The environment to change (default: ``os.environ``).
+    """
+    environ = os.environ if environ is None else environ
+    if backend is None or "nccl" not in backend.lower() or NCCL_ERROR_HANDLING in environ:
+        return False
+    environ[NCCL_ERROR_HANDLING] = "1"
+    return True
 
 
 def is_peer_failure(exc: BaseException) -> bool:

@@ -24,7 +24,7 @@ from lightning_gnnpipe.pipeline.balance import check_balance, stage_layers
 from lightning_gnnpipe.pipeline.schedule import AUTO
 from lightning_gnnpipe.pipeline.runtime import PipelineRuntime, RankLayout, check_stage_widths
 from lightning_gnnpipe.strategy.base import WholeGraphStrategy
-from lightning_gnnpipe.strategy.checkpoint import PipelineCheckpointHooks, restore_history
+from lightning_gnnpipe.strategy.checkpoint import PipelineCheckpointHooks, restore_tables
 from lightning_gnnpipe.strategy.checks import check_layout, check_lightning_usage, check_pipeline_options
 from lightning_gnnpipe.strategy.failures import unwrap_stage_error
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
@@ -94,8 +94,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             halo). Same results, one more forward; less memory for blocks with large intermediates (edge-list
             convs), more for PyG layers on the sparse path (docs/results/scale.md). GPipe keeps every chunk's
             activations until the backward; 1F1B at most about ``S`` chunks' (the schedule that keeps least).
-        **kwargs: ``timeout``, ``start_method``, ``process_group_backend``, ``profile_epoch``, ``trace_dir``,
-            ``heap_mmap_threshold``, ``huge_pages``: see :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`.
+        **kwargs: ``timeout``, ``exchange_timeout``, ``start_method``, ``process_group_backend``, ``profile_epoch``,
+            ``trace_dir``, ``heap_mmap_threshold``, ``huge_pages``: see :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`.
 
     Raises:
         ValueError: Unknown ``schedule``, ``balance`` or ``start_method``, bad ``profile_epoch``, a
@@ -174,7 +174,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
 
     def _setup_groups(self) -> None:
         self.device_mesh, self._pp_group, self._gp_group = build_mesh(self.topology, self.root_device.type,
-                                                                      self._timeout)
+                                                                      self._exchange_timeout, self.exchange_group)
 
     def check(self, trainer: Trainer, module: Optional[LightningModule] = None, datamodule: Any = None) -> LayerStack:
         """Validate model, DataModule and layout before any process group starts; return the layer stack.
@@ -248,8 +248,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         saved, self._resume_state = self._resume_state, None
         stages = self._runtime.stages if self._runtime is not None else []
         plan = self.lightning_module.trainer.datamodule.plan
-        restored = bool(stages) and all([restore_history(saved, stage, plan, self.partition_index)
-                                         for stage in stages])
+        restored = restore_tables(saved, stages, plan, self.partition_index)  # the same on every rank
         if not restored and self.refresh_on_start:
             self.refresh_history()
 

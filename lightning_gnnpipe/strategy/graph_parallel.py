@@ -14,7 +14,6 @@ kernels.
 from __future__ import annotations
 
 import inspect
-import time
 from typing import Any, Optional
 
 import torch
@@ -53,7 +52,8 @@ class GraphParallelStrategy(WholeGraphStrategy):
     :attr:`comm_stats` and logged as ``comm/...`` every epoch.
 
     Args:
-        **kwargs: ``timeout`` (of every collective, default 600 s), ``start_method`` (``"spawn"`` or ``"popen"``),
+        **kwargs: ``timeout`` (of every collective, default 600 s), ``exchange_timeout`` (of the halo exchanges,
+            gradient sums and gathers, default 120 s), ``start_method`` (``"spawn"`` or ``"popen"``),
             ``process_group_backend`` (``"gloo"`` or ``"nccl"``), ``profile_epoch``, ``trace_dir``,
             ``heap_mmap_threshold``, ``huge_pages``: as
             :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`. No other option: graph parallelism has
@@ -132,10 +132,11 @@ class GraphParallelStrategy(WholeGraphStrategy):
         r = self.global_rank
         graph = build_chunk_graph(plan, data.edge_index, norm_keys(stack.blocks), device, dtype=x.dtype, chunks=[r],
                                   **chunk_graph_options(stack.blocks, autocast=self._boundary_dtype != x.dtype))
-        broadcast_blocks(stack.blocks, src=0)  # every part starts from rank 0's weights and NodeDropout seeds
+        group = self.exchange_group  # every rank, with the exchange timeout
+        broadcast_blocks(stack.blocks, src=0, group=group)  # every part starts from rank 0's weights and dropout seeds
         exchange = build_slot_plans(plan, self.num_parts, r)[r]  # one slot: K = G, every halo row live
         assert exchange is not None
-        self._forward = PartitionForward(stack.blocks, graph, r, exchange.to(device), x)
+        self._forward = PartitionForward(stack.blocks, graph, r, exchange.to(device), x, group)
         self._nodes = graph.nodes
         self._rows = plan.max_chunk_size
         self._params = list(dict.fromkeys(p for b in stack.blocks for p in b.parameters() if p.requires_grad))
@@ -146,10 +147,10 @@ class GraphParallelStrategy(WholeGraphStrategy):
         padded = F.pad(out.detach(), (0, 0, 0, self._rows - out.size(0))).contiguous()
         blocks = [torch.empty_like(padded) for _ in range(self.num_parts)]
         if stats is None:
-            dist.all_gather(blocks, padded)
+            dist.all_gather(blocks, padded, group=self.exchange_group)
         else:
             with stats.waiting():
-                dist.all_gather(blocks, padded)
+                dist.all_gather(blocks, padded, group=self.exchange_group)
             stats.record_all_gather("logits", padded, self.num_parts)
         full = padded.new_empty(self._num_nodes_graph, padded.size(1))
         for q, nodes in enumerate(self._nodes):
@@ -162,15 +163,18 @@ class GraphParallelStrategy(WholeGraphStrategy):
         lm, batch, stats = self.lightning_module, args[0], self.comm_stats
         self._begin_step()
         stats.reset()
-        t0 = time.perf_counter()
+        t0 = stats.clock.mark()  # CUDA events on a GPU: the step's kernels, not their launches
         with self.precision_plugin.train_step_context():
             out = self._forward(stats, epoch=lm.trainer.current_epoch)
             logits = self._gather_logits(out, stats)
             grad, output = output_grad(lambda full: run_training_step(lm, self._stack.module, full, batch, args,
                                                                       kwargs), logits)
             out.backward(grad[self._nodes[self.global_rank]])
-            all_reduce_grads(self._params, stats, self.num_parts)
-        stats.step_s = time.perf_counter() - t0
+            all_reduce_grads(self._params, stats, self.num_parts, self.exchange_group)
+        end = stats.clock.mark()
+        stats.clock.wait()
+        stats.settle()
+        stats.step_s = stats.clock.seconds(t0, end)
         self.comm_metrics = self._log_comm()
         return self._end_step(output)
 

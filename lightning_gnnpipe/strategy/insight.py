@@ -129,7 +129,7 @@ class PipelineInsight(Callback):
         rows = [mine]
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-            dist.all_gather(rows, mine)
+            dist.all_gather(rows, mine, group=getattr(strategy, "exchange_group", None))  # the exchange timeout
         # every rank logs the gathered values; sync_dist=True is the strategy's identity reduce (one data-parallel
         # replica) and keeps Lightning from asking for it
         log = dict(on_step=False, on_epoch=True, batch_size=1, sync_dist=True)

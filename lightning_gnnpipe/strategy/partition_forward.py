@@ -30,22 +30,28 @@ class PartitionForward(nn.Module):
         part: This rank's part ``r``.
         exchange: This rank's :class:`~lightning_gnnpipe.comm.exchange.SlotPlan` (one slot: every halo row live).
         x: Node features of the whole graph ``(|V|, F)``; layer 0 reads its halo rows here.
+        group: Process group of the halo exchange (default: the world).
 
     Shapes:
         ``forward()`` -> ``(n_r, C)``: the output rows of this part's nodes.
     """
 
-    def __init__(self, blocks: List[nn.Module], graph: ChunkGraph, part: int, exchange: SlotPlan, x: Tensor) -> None:
+    def __init__(self, blocks: List[nn.Module], graph: ChunkGraph, part: int, exchange: SlotPlan, x: Tensor,
+                 group=None) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
-        self.graph, self.part, self.exchange, self.x = graph, part, exchange, x
+        self.graph, self.part, self.exchange, self.x, self.group = graph, part, exchange, x, group
         self._uses_graph = [uses_graph(b) for b in blocks]
         self._callers = [ChunkCaller(b, graph) for b in blocks]  # sparse adjacency or edge list, per block
         self._rows = torch.cat([graph.nodes[part], graph.halo[part]])  # global id of each row of a block's input
 
     def forward(self, stats: Optional[CommStats] = None, group=None, epoch: int = 0) -> Tensor:
-        """This part's output rows ``(n_r, C)``; ``epoch`` keys :class:`~lightning_gnnpipe.nn.NodeDropout`'s masks."""
+        """This part's output rows ``(n_r, C)``; ``epoch`` keys :class:`~lightning_gnnpipe.nn.NodeDropout`'s masks.
+
+        ``group``: the exchange's process group (default: the one given at construction).
+        """
         g, r = self.graph, self.part
+        group = group if group is not None else self.group
         h = self.x[g.nodes[r]]
         n = h.size(0)
         first = True  # h still holds the input features, whose halo rows every rank has

@@ -5,10 +5,10 @@ Global rank ``g * S + s`` runs stage ``s`` of partition ``g``'s pipeline: a ``(G
 along the ``"stage"`` dimension; the ``G`` ranks of one stage exchange halo rows and sum weight gradients along
 ``"partition"``.
 
-The mesh is built from process groups created with the strategy's timeout (:func:`build_mesh`):
+The mesh is built from process groups created with the strategy's exchange timeout (:func:`build_mesh`):
 ``init_device_mesh`` (torch 2.13) creates its sub-groups with the backend's default timeout (30 minutes for gloo)
-unless private backend options are passed, and every collective of this package must time out with the user's
-``timeout``.
+unless private backend options are passed, and the package's exchanges must time out with the user's
+``exchange_timeout``.
 """
 
 from __future__ import annotations
@@ -82,24 +82,29 @@ class PipelineTopology:
         return [i for i, r in enumerate(self.virtual_stage_ranks) if r == s]
 
 
-def build_mesh(topology: PipelineTopology, device_type: str, timeout: timedelta) -> Tuple[DeviceMesh, Any, Any]:
+def build_mesh(topology: PipelineTopology, device_type: str, timeout: timedelta,
+               world_group: Optional[Any] = None) -> Tuple[DeviceMesh, Any, Any]:
     """Build the rank mesh and return ``(mesh, pipeline_group, partition_group)`` (a collective).
 
     Args:
         topology: The layout.
         device_type: ``"cpu"`` or ``"cuda"``.
         timeout: Timeout of the sub-groups' collectives.
+        world_group: A group of every rank (the strategy's exchange group): the pipeline's when ``G = 1``.
 
     Returns:
         The mesh (1-D ``("stage",)`` without hybrid parallelism, else 2-D :data:`MESH_DIMS`), this rank's pipeline
-        group (``None``: the world, when ``G = 1``) and its partition group (``None`` when ``G = 1``).
+        group (``world_group`` when ``G = 1``; ``None`` means the default group) and its partition group (``None``
+        when ``G = 1``).
     """
     G, S = topology.graph_parallel_size, topology.num_stages
     if G == 1:
-        return DeviceMesh.from_group(dist.group.WORLD, device_type, mesh_dim_names=MESH_DIMS[1:]), None, None
+        group = world_group if world_group is not None else dist.group.WORLD
+        return DeviceMesh.from_group(group, device_type, mesh_dim_names=MESH_DIMS[1:]), world_group, None
     layout = torch.arange(G * S).view(G, S)
-    pp_group, _ = dist.new_subgroups_by_enumeration(layout.tolist(), timeout=timeout)
-    gp_group, _ = dist.new_subgroups_by_enumeration(layout.t().tolist(), timeout=timeout)
+    pp_group, _ = dist.new_subgroups_by_enumeration(layout.tolist(), timeout=timeout, group_desc="gnnpipe_pipeline")
+    gp_group, _ = dist.new_subgroups_by_enumeration(layout.t().tolist(), timeout=timeout,
+                                                    group_desc="gnnpipe_partition")
     mesh = DeviceMesh.from_group([gp_group, pp_group], device_type, mesh=layout, mesh_dim_names=MESH_DIMS)
     return mesh, pp_group, gp_group
 
