@@ -116,3 +116,16 @@ def test_symmetric_csr_equals_to_undirected(num_nodes, num_edges):
     rowptr, col = symmetric_csr(ei, num_nodes)
     assert np.array_equal(rowptr, np.concatenate([[0], np.bincount(ref[0].numpy(), minlength=num_nodes).cumsum()]))
     assert np.array_equal(col, ref[1].numpy())
+
+
+def test_device_graph_keeps_named_attributes_on_the_host():
+    """The strategies keep the batch's edge list on the host (their stages hold chunk graphs); without a strategy the
+    whole graph moves. ("meta" stands in for an accelerator.)"""
+    graph = sbm_graph(num_nodes=100)
+    dm = GraphChunkDataModule(graph, num_chunks=2)
+    kept = dm.device_graph("meta", ("edge_index",))
+    assert kept.edge_index is graph.edge_index and kept.x.device.type == "meta" and kept.y.device.type == "meta"
+    assert dm.device_graph("meta", ("edge_index",)) is kept  # copied once, then reused
+    assert graph.x.device.type == "cpu"  # the caller's Data is not moved
+    whole = dm.device_graph("meta")
+    assert whole.edge_index.device.type == "meta" and whole.x.device.type == "meta"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
@@ -89,8 +89,8 @@ class GraphChunkDataModule(LightningDataModule):
         state["_on_device"] = {}  # device copies stay in the process that made them
         return state
 
-    def device_graph(self, device: Any) -> Data:
-        """Return the graph with every tensor on ``device``, copied once per device and kept.
+    def device_graph(self, device: Any, host: Sequence[str] = ()) -> Data:
+        """Return the graph with its tensors on ``device``, copied once per device and kept.
 
         The first call for a device moves a shallow copy of :attr:`data` with Lightning's ``move_data_to_device``
         (on the CPU it shares the tensors); later calls return that object, so a step copies nothing. A new copy is
@@ -99,6 +99,9 @@ class GraphChunkDataModule(LightningDataModule):
 
         Args:
             device: The target device (``"cuda"`` without an index means the current CUDA device).
+            host: Attributes that stay the CPU tensors of :attr:`data` (the strategies keep ``edge_index`` there:
+                their stages aggregate over their own chunk graphs, so a device copy of the whole edge list,
+                ``16 |E|`` bytes, would only sit in every rank's device memory).
 
         Returns:
             A :class:`~torch_geometric.data.Data` with the same attributes as :attr:`data`.
@@ -106,16 +109,27 @@ class GraphChunkDataModule(LightningDataModule):
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        key = tuple((name, id(value)) for name, value in self.data if isinstance(value, Tensor))
+        key = tuple((name, id(value)) for name, value in self.data if isinstance(value, Tensor)) + tuple(host)
         kept = self._on_device.get(device)
         if kept is None or kept[0] != key:
-            kept = self._on_device[device] = (key, move_data_to_device(copy.copy(self.data), device))
+            moved = copy.copy(self.data)  # shallow: the caller's Data keeps its tensors
+            held = {name: moved[name] for name in host if name in moved}
+            for name in held:
+                del moved[name]
+            moved = move_data_to_device(moved, device)
+            for name, value in held.items():
+                moved[name] = value
+            kept = self._on_device[device] = (key, moved)
         return kept[1]
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Lightning's data hook: the graph's kept device copy (:meth:`device_graph`), other batches as Lightning."""
+        """Lightning's data hook: the graph's kept device copy (:meth:`device_graph`), other batches as Lightning.
+
+        Under a strategy that names graph attributes to keep on the host (``graph_on_host``, the lightning_gnnpipe
+        strategies: ``("edge_index",)``) those stay there."""
         if batch is self.data:
-            return self.device_graph(device)
+            strategy = getattr(self.trainer, "strategy", None) if self.trainer is not None else None
+            return self.device_graph(device, getattr(strategy, "graph_on_host", ()))
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def stale_read_stats(self) -> Tuple[float, float]:

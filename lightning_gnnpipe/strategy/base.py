@@ -81,6 +81,11 @@ class WholeGraphStrategy(ParallelStrategy):
             bool, ``exchange_timeout`` not a positive ``timedelta``.
     """
 
+    graph_on_host = ("edge_index",)
+    """Attributes of the graph that the batch keeps on the CPU (:meth:`GraphChunkDataModule.device_graph
+    <lightning_gnnpipe.data.datamodule.GraphChunkDataModule.device_graph>`): the stages aggregate over their own chunk
+    graphs; the batch's ``edge_index`` is only what ``self(x, edge_index)`` passes on."""
+
     def __init__(
         self,
         timeout: timedelta = timedelta(seconds=600),
@@ -292,7 +297,7 @@ class WholeGraphStrategy(ParallelStrategy):
                 f"{type(self).__name__}: ranks built different chunk plans (got fingerprints {prints}). "
                 "Build the GraphChunkDataModule from the same graph on every rank, or pass `part=`."
             )
-        x = dm.device_graph(self.root_device).x  # the copy every step's batch holds (no second one on the device)
+        x = dm.device_graph(self.root_device, self.graph_on_host).x  # the copy every step's batch holds
         self._dims = infer_dims(stack.blocks, x[:2])
         # Stage activations travel in the autocast dtype, if any (strategy/precision.py).
         self._data_dtype, self._boundary_dtype = x.dtype, autocast_dtype(self.precision_plugin) or x.dtype
