@@ -74,6 +74,14 @@ class History(nn.Module):
         return self.emb[self._rows(index)].to(dtype or self.emb.dtype)
 
     @torch.no_grad()
+    def pull_into(self, index: Tensor, out: Tensor) -> Tensor:
+        """Copy rows ``index`` ``(n,)`` into ``out`` ``(n, d)`` (cast to its dtype), without a second copy; return it."""
+        rows = self._rows(index)
+        if out.dtype == self.emb.dtype:
+            return torch.index_select(self.emb, 0, rows, out=out)
+        return out.copy_(self.emb[rows])
+
+    @torch.no_grad()
     def refresh(self, value: Tensor) -> float:
         """Overwrite all rows with exact embeddings ``(|V|, d)``; return the drift before it.
 

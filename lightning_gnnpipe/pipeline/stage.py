@@ -207,12 +207,23 @@ class GNNStage(nn.Module):
                     h = call_block(self.blocks[j], h, self.graph.edge_index[c][:, :0], h0)
                 h0 = h if layer == 0 and self.carry_x0 else h0
                 continue
-            if layer == 0:
-                halo_rows = self.x[halo]
-            else:
+            if layer > 0:
                 table = self.histories[str(layer)]
                 pushed = self._pushed[c]  # None: all of the chunk's rows
                 table.push(nodes, h) if pushed is None else table.push(nodes[pushed], h[pushed])
+            if self.exchange is None and str(layer) not in self.halo_grads:  # the common case: one copy of the rows
+                x_local = h.new_empty(n + halo.numel(), h.size(1))
+                if layer == 0:
+                    torch.index_select(self.x, 0, halo, out=x_local[n:])
+                else:
+                    table.pull_into(halo, x_local[n:])
+                x_local[:n] = h  # (differentiable: the inner rows' gradient flows back to h)
+                h = self._run_block(j, x_local, c, h0)[:n]
+                h0 = h if layer == 0 and self.carry_x0 else h0
+                continue
+            if layer == 0:
+                halo_rows = self.x[halo]
+            else:
                 if self.exchange is not None:  # hybrid: rows of the other partitions' chunks of this slot
                     received, plan = self.exchange(h, c)
                     table.push(plan.recv_ids, received)
