@@ -262,3 +262,15 @@ def test_tables_keep_the_boundary_rows_only_and_compute_the_same(cora):
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
     assert not torch.allclose(outs[0], refreshed_chunked_forward(plan, full, cora.x))  # the historical rows mattered
+
+
+def test_intra_op_threads_sets_and_restores():
+    """The exact forward's stage compute takes the cores of the stages that wait (``eval_threads``)."""
+    from lightning_gnnpipe.pipeline.runtime import intra_op_threads
+
+    before = torch.get_num_threads()
+    with intra_op_threads(before + 1):
+        assert torch.get_num_threads() == before + 1
+    assert torch.get_num_threads() == before
+    with intra_op_threads(None):
+        assert torch.get_num_threads() == before

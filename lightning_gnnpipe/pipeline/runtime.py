@@ -13,8 +13,9 @@ to rank with ``send``/``recv`` (or stay in place when the next stage lives on th
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -86,14 +87,18 @@ class PipelineRuntime:
         history_momentum, halo_gradients, history_dtype: As :class:`~lightning_gnnpipe.pipeline.stage.GNNStage`.
         boundary_dtype: Dtype between stages (the autocast dtype under ``bf16-mixed``, else ``x.dtype``).
         activation_checkpointing: Recompute each block in the backward pass (:class:`GNNStage`).
+        eval_threads: Intra-op threads of a stage's compute in :meth:`full_forward` (``None``: the process's own). The
+            stages of the exact forward run one after the other, so while one computes, the ranks of the others on
+            the same machine wait for it: the strategy gives it their cores too.
     """
 
     def __init__(self, blocks: List[nn.Module], stage_layers: List[List[int]], dims: List[int], plan: ChunkPlan,
                  edge_index: Tensor, x: Tensor, layout: RankLayout, device: torch.device, stats: CommStats,
                  history_momentum: float = 0.0, halo_gradients: str = "detach",
                  boundary_dtype: Optional[torch.dtype] = None, activation_checkpointing: bool = False,
-                 history_dtype: Optional[torch.dtype] = None) -> None:
+                 history_dtype: Optional[torch.dtype] = None, eval_threads: Optional[int] = None) -> None:
         self.layout, self.device, self.stats, self.dims = layout, device, stats, dims
+        self.eval_threads = eval_threads
         self.num_nodes, self.num_virtual_stages = plan.num_nodes, len(stage_layers)
         self.data_dtype = x.dtype
         self.boundary_dtype = boundary_dtype or x.dtype
@@ -229,7 +234,8 @@ class PipelineRuntime:
                 for t in inputs:
                     dist.recv(t, src=rank_of[lay.stage_rank[i - 1]], group=lay.pipeline_group)
                 inputs = [t.to(self.data_dtype) for t in inputs]
-            out = stage.forward_full(*inputs, write_history=write_history, drift=drift)
+            with intra_op_threads(self.eval_threads):  # the other stages wait meanwhile: their cores are free
+                out = stage.forward_full(*inputs, write_history=write_history, drift=drift)
             outputs = out if isinstance(out, tuple) else (out,)
             if i == len(lay.stage_rank) - 1:
                 h = outputs[0].to(self.data_dtype)
@@ -242,6 +248,19 @@ class PipelineRuntime:
         assert h is not None
         dist.broadcast(h, src=rank_of[lay.last_position], group=lay.pipeline_group)
         return h
+
+
+@contextmanager
+def intra_op_threads(threads: Optional[int]) -> Iterator[None]:
+    """Run the block with ``threads`` intra-op threads (``None``: as they are), then restore the number."""
+    before = torch.get_num_threads()
+    if threads is not None and threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 def check_stage_widths(widths: Dict[int, Tuple[List[int], List[int]]], group: Any = None) -> None:

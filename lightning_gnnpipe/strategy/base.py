@@ -11,6 +11,7 @@ runs a training step and computes the exact full-graph logits (:meth:`full_logit
 
 from __future__ import annotations
 
+import os
 import warnings
 from datetime import timedelta
 from typing import Any, Dict, List, Literal, Optional, Tuple, Union
@@ -273,6 +274,16 @@ class WholeGraphStrategy(ParallelStrategy):
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING:
             optimizers_to_device(self.optimizers, self.root_device)
+
+    def host_threads(self) -> Optional[int]:
+        """Intra-op threads of all of this machine's ranks together, at most its usable cores (``None`` on a GPU).
+
+        What a rank may use while the others on its machine wait for it (the stages of the exact forward).
+        """
+        if self.root_device.type != "cpu":
+            return None
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, min(cores, torch.get_num_threads() * self.num_processes))
 
     def _graph_tensors_done(self, data: Any) -> List[Tensor]:
         """The graph's tensors this rank no longer reads once :meth:`_build` ran (its pages are released when shared

@@ -209,7 +209,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         runtime = self._runtime = PipelineRuntime(
             stack.blocks, virtual, self._dims, plan, data.edge_index, x, layout, self.root_device, self.comm_stats,
             self.history_momentum, self.halo_gradients, self._boundary_dtype, self.activation_checkpointing,
-            self.history_dtype)
+            self.history_dtype, self.host_threads())
         check_stage_widths(runtime.widths, self._pp_group)
         self._history = HistoryLifecycle(runtime.stages, runtime.full_forward, self.refresh_every,
                                          self.log_staleness, trainer.datamodule.stale_read_stats())

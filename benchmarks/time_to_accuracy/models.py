@@ -1,0 +1,68 @@
+"""The models of the time-to-accuracy benchmark and the ordinary LightningModule around them.
+
+* ``sage8``: PyG ``GraphSAGE``, 8 layers, hidden 64, per-node ``LayerNorm`` after every layer but the last (a
+  normalised GraphSAGE; Adam, lr 0.003: at 0.01 it does not leave the majority class on this graph).
+* ``gcnii16``: GCNII (Chen et al., ICML 2020, arXiv 2007.02133), 16 layers, hidden 64, alpha 0.1, theta 0.5
+  (:class:`lightning_gnnpipe.nn.gcnii.GCNII`; Adam, lr 0.01).
+* ``mlp``: a 3-layer MLP on the node's own features (the baseline that shows the labels need neighbours).
+
+No dropout anywhere: every mode then computes the same function of the weights.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from torch import nn
+from torch_geometric.nn.models import MLP, GraphSAGE
+
+from lightning_gnnpipe.nn.gcnii import GCNII
+
+MODELS = ("sage8", "gcnii16", "mlp")
+LEARNING_RATE = {"sage8": 0.003, "gcnii16": 0.01, "mlp": 0.01}
+DEPTH = {"sage8": 8, "gcnii16": 16, "mlp": 3}
+
+
+def build_model(name: str, in_channels: int, num_classes: int, seed: int, hidden: int = 64) -> nn.Module:
+    """The model ``name`` (:data:`MODELS`), initialised from ``seed``."""
+    torch.manual_seed(seed)
+    if name == "sage8":
+        return GraphSAGE(in_channels, hidden, 8, num_classes, norm="layer_norm", norm_kwargs={"mode": "node"})
+    if name == "gcnii16":
+        return GCNII(in_channels, hidden, num_classes, 16, alpha=0.1, theta=0.5, dropout=0.0)
+    if name == "mlp":
+        return MLP([in_channels, hidden, hidden, num_classes], norm=None)
+    raise ValueError(f"time_to_accuracy: unknown model {name!r}. Use one of {MODELS}.")
+
+
+def accuracies(out: torch.Tensor, batch) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Validation and test accuracy of the logits ``(|V|, C)``."""
+    pred = out.argmax(-1)
+    return tuple((pred[m] == batch.y[m]).float().mean() for m in (batch.val_mask, batch.test_mask))
+
+
+class Classifier(LightningModule):
+    """An ordinary PyG LightningModule: cross-entropy on ``train_mask``, validation and test accuracy of one forward."""
+
+    def __init__(self, model: nn.Module, lr: float) -> None:
+        super().__init__()
+        self.gnn, self.lr = model, lr
+
+    def forward(self, x, edge_index):
+        return self.gnn(x, edge_index)
+
+    def training_step(self, batch, batch_idx):
+        out = self(batch.x, batch.edge_index)
+        loss = F.cross_entropy(out[batch.train_mask], batch.y[batch.train_mask])
+        self.log("train_loss", loss, batch_size=1, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        val, test = accuracies(self(batch.x, batch.edge_index), batch)
+        self.log_dict({"val_acc": val, "test_acc": test}, batch_size=1)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.lr)

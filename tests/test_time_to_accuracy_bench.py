@@ -1,0 +1,60 @@
+"""The time-to-accuracy benchmark's own parts: its graph has community structure and labels that need neighbours,
+and its emulated link cleans up after itself. (The benchmark itself is not a test.)"""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from benchmarks.time_to_accuracy.graph import GraphSpec, community_graph
+from benchmarks.time_to_accuracy.link import LinkUnavailable, namespaces, shaped_loopback, shaping_args
+from lightning_gnnpipe import GraphChunkDataModule
+
+
+def test_community_graph_statistics():
+    spec = GraphSpec(num_nodes=40_000, seed=3)
+    data = community_graph(spec)
+    n, e = data.num_nodes, data.edge_index.size(1)
+    assert 0.9 * n * spec.avg_degree <= e <= n * spec.avg_degree  # both directions, duplicates and loops dropped
+    src, dst = data.edge_index
+    assert bool((src != dst).all())
+    assert torch.equal(torch.sort(src * n + dst).values, torch.sort(dst * n + src).values)  # symmetric
+    assert torch.equal(community_graph(spec).edge_index, data.edge_index)  # deterministic
+    inside = (data.community[src] == data.community[dst]).float().mean()
+    assert 0.6 < float(inside) < 0.8  # p_in = 0.72 of the drawn edges
+    dm = GraphChunkDataModule(data, num_chunks=8)
+    assert 0.1 <= dm.plan.edge_cut <= 0.3  # METIS cuts as in real graphs, not as in a uniform SBM
+    boundary = torch.cat(dm.plan.halo).unique().numel() / n
+    assert boundary < 0.5  # long-range edges gather on the connectors
+    same = (data.y[src] == data.y[dst]).float().mean()  # homophily: neighbours mostly share the class
+    assert float(same) > 0.5
+    assert [int(m.sum()) for m in (data.train_mask, data.val_mask, data.test_mask)] == [12_000, 8_000, 20_000]
+    with pytest.raises(ValueError, match="community_size"):
+        community_graph(GraphSpec(num_nodes=10, community_size=20))
+
+
+def test_shaping_arguments():
+    assert shaping_args(200e6) == ["tbf", "rate", "200000000bit", "burst", "262144", "limit", "2500000"]
+    assert shaping_args(8e9)[3:] == ["burst", "10000000", "limit", "100000000"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+                    reason="needs root and iproute2")
+def test_shaped_loopback_is_removed_after_use_and_after_an_error():
+    before = set(namespaces())
+    with shaped_loopback(100e6, name="gnnpipe-tta-test") as prefix:
+        assert "gnnpipe-tta-test" in namespaces()
+        shown = subprocess.run(prefix + ["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True).stdout
+        assert "tbf" in shown and "100Mbit" in shown
+        up = subprocess.run(prefix + ["ip", "link", "show", "lo"], capture_output=True, text=True).stdout
+        assert "UP" in up
+    assert set(namespaces()) == before
+    with pytest.raises(RuntimeError, match="boom"):
+        with shaped_loopback(None, name="gnnpipe-tta-test"):
+            raise RuntimeError("boom")
+    assert set(namespaces()) == before
+    with pytest.raises(LinkUnavailable, match="ip netns add"):
+        with shaped_loopback(None, name="bad/name"):
+            pass
