@@ -5,8 +5,8 @@
 (validation every epoch, default true), ``chunks`` (K of the GNNPipe modes, default 8) and ``strategy`` (more
 keyword arguments of the strategy). Modes:
 
-* ``exact``: one process, 2 threads, a plain PyTorch loop on a CSR adjacency (the best single-process baseline;
-  GCNII's normalisation baked into the values); ``mlp`` the same loop without the graph;
+* ``exact``: one process, 2 threads (``threads``), a plain PyTorch loop on a CSR adjacency (the best single-process
+  baseline; GCNII's normalisation baked into the values); ``mlp`` the same loop without the graph;
 * ``gnnpipe``: ``Trainer(devices=2, strategy=GNNPipeStrategy(**strategy))``, ``GraphChunkDataModule(num_chunks=K)``;
 * ``graph_parallel``: ``Trainer(devices=2, strategy=GraphParallelStrategy())``, ``num_chunks=2``;
 * ``hybrid``: ``Trainer(devices=4, strategy=GNNPipeStrategy(graph_parallel_size=2))``, ``num_chunks=K, num_parts=2``.
@@ -71,6 +71,11 @@ class Epochs(Callback):
                    if k in ("val_acc", "test_acc", "train_loss") or k.startswith("comm/")}
         self.rows.append({"train_s": total - self._v, "val_s": self._v, **metrics})
 
+    def on_train_end(self, trainer, pl_module):
+        choice = getattr(trainer.strategy, "schedule_choice", None)  # what GNNPipeStrategy ran
+        if trainer.global_rank == 0 and choice is not None:
+            (self.run_dir / "schedule.json").write_text(json.dumps(list(choice)))
+
     def on_fit_end(self, trainer, pl_module):
         (self.run_dir / f"epochs_rank{trainer.global_rank}.json").write_text(json.dumps(self.rows))
 
@@ -88,8 +93,9 @@ def sent_bytes(row: dict) -> Optional[float]:
 
 
 def run_plain(spec: dict, data) -> List[dict]:
-    """``exact`` / ``mlp``: one process, 2 threads, one full-graph Adam step and one exact evaluation per epoch."""
-    torch.set_num_threads(2)
+    """``exact`` / ``mlp``: one process (``threads`` intra-op threads, default 2), one full-graph Adam step and one
+    exact evaluation per epoch."""
+    torch.set_num_threads(spec.get("threads", 2))
     name = "mlp" if spec["mode"] == "mlp" else spec["model"]
     model = build_model(name, data.num_features, int(data.y.max()) + 1, spec["seed"])
     n = data.num_nodes
@@ -149,8 +155,6 @@ def run_trainer(spec: dict, data, run_dir: Path) -> List[dict]:
         row["train_s"] = max(r[e]["train_s"] for r in ranks)
         row["val_s"] = max(r[e]["val_s"] for r in ranks)
         row["sent_bytes"] = sent_bytes(row)
-        for key in [k for k in row if k.startswith("comm/") and not k.startswith(("comm/sent_total",))]:
-            row.pop(key)
     return rows
 
 
@@ -166,6 +170,8 @@ def main(spec: dict, run_dir: Path) -> None:
         sampler.stop()
     result: Dict[str, object] = {"epochs": rows, "graph_s": graph_s, "wall_s": time.perf_counter() - t0,
                                  "num_edges": int(data.edge_index.size(1))}
+    if (run_dir / "schedule.json").exists():
+        result["schedule"] = json.loads((run_dir / "schedule.json").read_text())
     (run_dir / "result.json").write_text(json.dumps(result))
 
 

@@ -1,0 +1,271 @@
+"""Time to accuracy on a learnable large graph, over an emulated cluster link: the whole study from one command.
+
+    python -m benchmarks.time_to_accuracy.bench              # measure what the cache lacks, then write the page
+    python -m benchmarks.time_to_accuracy.bench --page-only  # the page from the cache alone
+    python -m benchmarks.time_to_accuracy.bench --only accuracy|tuning|calibration|link
+
+Every run is one worker process (:mod:`benchmarks.time_to_accuracy.worker`) watched for the machine's memory, its
+record appended to ``benchmarks/results/time_to_accuracy_runs.jsonl`` (``--force`` re-measures). Parts:
+
+* **accuracy** (free link, validation every epoch, :data:`EPOCHS` epochs): the exact single process, GNNPipe's
+  default, graph parallelism and the hybrid 2 x 2 on the 300k-node graph (GraphSAGE-8 with two seeds, GCNII-16 with
+  one) and on the 1M-node graph (GraphSAGE-8, one seed, no hybrid: four ranks on two cores take hours), plus the MLP.
+* **tuning**: GNNPipe's epoch with K = 4 and 16 beside the default K = 8 (3 epochs, no validation).
+* **calibration**: the exact single process on one core (one rank's share of this machine) for the rate derivation.
+* **timing**: epoch times measured with nothing else running (3 epochs with validation): the exact process on both
+  rungs, GNNPipe and graph parallelism on the 1M graph (the 300k graph's come from the link part's free-link runs).
+* **link**: 3 epochs with validation (2 below 100 Mbit/s) of GNNPipe, graph parallelism and the hybrid on the 300k
+  graph in a network namespace whose loopback is shaped to each rate of :func:`derived_rates`.
+
+Rates (:func:`derived_rates`): a GPU computes an epoch in about the time its HBM needs for the epoch's bytes
+(:func:`gpu_epoch_seconds`); this machine's core needs ``T_cpu`` (calibration). To keep compute : communication as
+on GPUs joined by a link of ``B`` Gbit/s, the emulated link gets ``B * T_gpu / T_cpu``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from benchmarks.time_to_accuracy.graph import GraphSpec  # noqa: E402
+from benchmarks.time_to_accuracy.link import LinkUnavailable, shaped_loopback  # noqa: E402
+from scale_memory import GIB, classify, log_tail, read_process_peaks, run_watched  # noqa: E402
+
+CACHE = ROOT / "benchmarks" / "results" / "time_to_accuracy_runs.jsonl"
+PAGE = ROOT / "docs" / "results" / "time_to_accuracy.md"
+EPOCHS = 80
+SMALL, LARGE = 300_000, 1_000_000
+GPU_LINKS_GBIT = (10, 100, 400)  # the clusters whose compute : communication the emulated rates stand for
+HBM_BYTES_PER_S = 3.35e12  # H100 SXM (H200: 4.8e12): the GPU the derivation assumes
+HBM_EFFICIENCY = 0.6  # fraction of it a sparse-dense matmul and the dense kernels reach (a generous bound)
+
+
+def spec(nodes: int, model: str, mode: str, seed: int = 0, epochs: int = EPOCHS, validate: bool = True,
+         chunks: int = 8, threads: Optional[int] = None, rate: Optional[float] = None) -> dict:
+    """One run's parameters (its JSON is the cache key)."""
+    out = {"graph": GraphSpec(num_nodes=nodes).as_dict(), "model": model, "mode": mode, "seed": seed,
+           "epochs": epochs, "validate": validate, "chunks": chunks, "rate_bits": rate}
+    if threads is not None:
+        out["threads"] = threads
+    return out
+
+
+def accuracy_specs() -> List[dict]:
+    out = []
+    for seed in (0, 1):
+        out += [spec(SMALL, "sage8", m, seed) for m in ("exact", "gnnpipe", "graph_parallel", "hybrid", "mlp")]
+    out += [spec(SMALL, "gcnii16", m) for m in ("exact", "gnnpipe", "graph_parallel", "hybrid")]
+    out += [spec(LARGE, "sage8", m) for m in ("exact", "gnnpipe", "graph_parallel", "mlp")]
+    return out
+
+
+def tuning_specs() -> List[dict]:
+    return [spec(SMALL, "sage8", "gnnpipe", epochs=3, validate=False, chunks=k) for k in (4, 8, 16)]
+
+
+def timing_specs() -> List[dict]:
+    """Epoch times measured alone (the long accuracy runs may share the machine): 3 epochs with validation. The
+    300k graph's 2- and 4-process modes are the link part's free-link runs."""
+    out = [spec(SMALL, m, "exact", epochs=3) for m in ("sage8", "gcnii16")]
+    return out + [spec(LARGE, "sage8", m, epochs=3) for m in ("exact", "gnnpipe", "graph_parallel")]
+
+
+def calibration_specs() -> List[dict]:
+    return [spec(SMALL, m, "exact", epochs=3, validate=False, threads=1) for m in ("sage8", "gcnii16")]
+
+
+def gpu_epoch_seconds(nodes: int, edges: int, layers: int, width: int = 64) -> float:
+    """A lower bound of a GPU's training epoch (seconds): the bytes its kernels move at :data:`HBM_EFFICIENCY` of
+    :data:`HBM_BYTES_PER_S`.
+
+    Per layer, forward and backward: two sparse-dense products over the ``|E|`` entries (8-byte index, 4-byte value,
+    one gathered row of ``4 d`` bytes each) and about eleven passes over ``|V| x d`` floats (the dense layers' inputs,
+    outputs and gradients, the norm and the activation).
+    """
+    per_layer = 2 * edges * (12 + 4 * width) + 11 * nodes * width * 4
+    return layers * per_layer / (HBM_BYTES_PER_S * HBM_EFFICIENCY)
+
+
+def derived_rates(records: List[dict]) -> Dict[int, dict]:
+    """Per GPU link speed (Gbit/s), the emulated rate (bits/s) that keeps the epoch's compute : communication,
+    from the calibration runs (the smaller of the models' rates: the stricter link)."""
+    rows = {}
+    for gbit in GPU_LINKS_GBIT:
+        best = None
+        for rec in records:
+            s = rec["spec"]
+            if rec["status"] != "ok" or s["mode"] != "exact" or s.get("threads") != 1:
+                continue
+            cpu = median([e["train_s"] for e in rec["epochs"][1:]])
+            depth = {"sage8": 8, "gcnii16": 16}[s["model"]]
+            gpu = gpu_epoch_seconds(s["graph"]["num_nodes"], rec["num_edges"], depth)
+            rate = gbit * 1e9 * gpu / cpu
+            if best is None or rate < best["rate_bits"]:
+                best = {"rate_bits": rate, "cpu_s": cpu, "gpu_s": gpu, "model": s["model"]}
+        if best is not None:
+            rows[gbit] = best
+    return rows
+
+
+def link_specs(records: List[dict]) -> List[dict]:
+    rates = [None] + [r["rate_bits"] for r in derived_rates(records).values()]
+    out = []
+    for rate in rates:
+        epochs = 2 if rate is not None and rate < 100e6 else 3
+        for model in ("sage8", "gcnii16"):
+            out += [spec(SMALL, model, m, epochs=epochs, rate=rate) for m in ("gnnpipe", "graph_parallel", "hybrid")]
+    return out
+
+
+def median(values: List[float]) -> float:
+    values = sorted(values)
+    n = len(values)
+    return values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
+
+
+def key_of(s: dict) -> str:
+    return json.dumps(s, sort_keys=True)
+
+
+def load(cache: Path = CACHE) -> List[dict]:
+    """Cached records, the latest per key."""
+    if not cache.exists():
+        return []
+    latest: Dict[str, dict] = {}
+    for line in cache.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            latest[rec["key"]] = rec
+    return list(latest.values())
+
+
+def git_commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return done.stdout.strip() + (" (dirty)" if dirty else "")
+
+
+def measure(s: dict, timeout_s: float) -> dict:
+    """Run one spec in a fresh worker (inside a shaped namespace when it has a rate); return its record."""
+    run_dir = Path(tempfile.mkdtemp(prefix="tta-"))
+    cmd = [sys.executable, "-m", "benchmarks.time_to_accuracy.worker", json.dumps(s), str(run_dir)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    load_before = os.getloadavg()[0]
+    if s["rate_bits"] is None:
+        watch = run_watched(cmd, run_dir / "log.txt", timeout_s, int(1.5 * GIB), ROOT, env=env)
+    else:
+        with shaped_loopback(s["rate_bits"]) as prefix:
+            watch = run_watched(prefix + cmd, run_dir / "log.txt", timeout_s, int(1.5 * GIB), ROOT, env=env)
+    result_path = run_dir / "result.json"
+    result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    tail = log_tail(run_dir / "log.txt")
+    rec = {"key": key_of(s), "spec": s, "status": classify(watch, bool(result), tail), **result,
+           "processes": read_process_peaks(run_dir), "machine": watch, "load_before": load_before,
+           "host": {"hostname": socket.gethostname(), "cores": psutil.cpu_count(), "memory": psutil.virtual_memory().total},
+           "git": git_commit(), "time": datetime.datetime.now().isoformat(timespec="seconds")}
+    if rec["status"] != "ok":
+        rec["error_tail"] = tail
+    return rec
+
+
+def run(parts: List[str], force: bool, timeout_s: float, cache: Path = CACHE) -> None:
+    """Measure every spec of ``parts`` that the cache lacks (all with ``force``), appending as it goes."""
+    records = load(cache)
+    done = {r["key"] for r in records if r["status"] == "ok"}
+    for part in parts:
+        specs = {"calibration": calibration_specs, "tuning": tuning_specs, "accuracy": accuracy_specs,
+                 "timing": timing_specs}.get(part)
+        todo = specs() if specs is not None else link_specs(records)
+        for s in todo:
+            if key_of(s) in done and not force:
+                continue
+            try:
+                rec = measure(s, timeout_s)
+            except LinkUnavailable as err:
+                print(f"link: cannot emulate a link here, stopping: {err}", flush=True)
+                return
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            with open(cache, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            records = load(cache)
+            rate = s["rate_bits"]
+            print(f"{part}: {s['graph']['num_nodes']:,} {s['model']} {s['mode']} seed {s['seed']} K {s['chunks']}"
+                  f"{'' if rate is None else f' at {rate / 1e6:.0f} Mbit/s'}: {rec['status']}", flush=True)
+
+
+FREE_LINK_BYTES_PER_S = 2.7e9  # gloo over this machine's loopback (docs/results/performance.md, median)
+
+
+def planner_predictions(records: List[dict]) -> Dict[tuple, dict]:
+    """The package planner's epoch estimates (GNNPipe with its best K, graph parallelism; 2 processes) and choice for
+    the 300k graph at every rate, given the rate as its bandwidth and the calibration's seconds per layer (one core,
+    as a rank has here) spread evenly over the model's blocks."""
+    import functools
+
+    import torch
+
+    from benchmarks.time_to_accuracy.graph import community_graph
+    from benchmarks.time_to_accuracy.models import build_model
+    from lightning_gnnpipe import build_chunk_plan, find_layer_stack
+    from lightning_gnnpipe.nn.stack import infer_dims
+    from lightning_gnnpipe.planner.cost import estimate_layouts
+
+    data = community_graph(GraphSpec(num_nodes=SMALL))
+    plan_fn = functools.lru_cache(maxsize=None)(lambda k: build_chunk_plan(data.edge_index, data.num_nodes, k))
+    rates = [None] + [r["rate_bits"] for r in derived_rates(records).values()]
+    out = {}
+    for rec in records:
+        s = rec["spec"]
+        if rec["status"] != "ok" or s["mode"] != "exact" or s.get("threads") != 1:
+            continue
+        model = build_model(s["model"], data.num_features, int(data.y.max()) + 1, 0)
+        blocks = find_layer_stack(model).blocks
+        dims = infer_dims(blocks, data.x[:2])
+        layer_s = [median([e["train_s"] for e in rec["epochs"][1:]]) / len(blocks)] * len(blocks)
+        params = [p for p in model.parameters() if p.requires_grad]
+        for rate in rates:
+            bandwidth = FREE_LINK_BYTES_PER_S if rate is None else rate / 8
+            est = estimate_layouts(data.edge_index, data.num_nodes, dims, layer_s, 2, bandwidth,
+                                   num_params=sum(p.numel() for p in params), num_param_tensors=len(params),
+                                   plan_fn=lambda ei, n, k: plan_fn(k))
+            pipe = min((e for e in est if e.mode == "gnnpipe"), key=lambda e: e.seconds)
+            gp = next(e for e in est if e.mode == "graph_parallel")
+            out[(s["model"], rate)] = {"gnnpipe": pipe.seconds, "graph_parallel": gp.seconds, "chunks": pipe.chunks,
+                                       "choice": est[0].mode}
+        del model
+    return out
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--only", nargs="+", choices=["calibration", "tuning", "accuracy", "timing", "link"])
+    p.add_argument("--page-only", action="store_true")
+    p.add_argument("--force", action="store_true")
+    p.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per run")
+    args = p.parse_args(argv)
+    if not args.page_only:
+        run(args.only or ["calibration", "tuning", "timing", "link", "accuracy"], args.force, args.timeout)
+    from benchmarks.time_to_accuracy.page import write_page
+
+    records = load()
+    write_page(records, PAGE, planner_predictions(records))
+    print(f"wrote {PAGE}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""``docs/results/time_to_accuracy.md`` from the cached records of ``bench.py`` (nothing is measured here).
+
+Derived figures, per (graph, model, seed):
+
+* target: 99% of the exact single process's best validation accuracy over its epochs;
+* epochs to it: the first epoch (counted from 1) whose validation accuracy reaches the target;
+* seconds to it: the training and validation seconds of those epochs, as measured in the run;
+* test accuracy at the run's best validation epoch (the first such epoch on ties);
+* train / validation seconds per epoch: medians over the epochs after the first; bytes: sent by all ranks in one
+  training step (median); peak memory of the largest process (RSS, and USS).
+
+Under an emulated link the numerics do not change (the same processes compute the same values; only their transfers
+are slower), so the time to accuracy at rate ``R`` is the free-link run's epochs to the target times the epoch
+(training and validation) measured at ``R``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+GIB = 2**30
+MODES = ("exact", "gnnpipe", "graph_parallel", "hybrid", "mlp")
+LABEL = {"exact": "exact, one process, CSR adjacency (2 threads)", "gnnpipe": "`GNNPipeStrategy()`, K = 8 (2 processes)",
+         "graph_parallel": "`GraphParallelStrategy()` (2 processes)",
+         "hybrid": "hybrid 2 stages x 2 partitions, K = 8 (4 processes)", "mlp": "MLP, one process (no graph)"}
+SHORT = {"gnnpipe": "GNNPipe", "graph_parallel": "graph parallel", "hybrid": "hybrid 2x2"}
+
+
+def ok(rec: Optional[dict]) -> bool:
+    return rec is not None and rec.get("status") == "ok"
+
+
+def timed(rec: dict, key: str) -> Optional[float]:
+    vals = [e[key] for e in rec["epochs"][1:] if e.get(key) is not None] or [e[key] for e in rec["epochs"]
+                                                                            if e.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def best_epoch(rec: dict) -> Tuple[int, float, float]:
+    """``(epoch index, val acc, test acc)`` of the best validation accuracy (first on ties)."""
+    rows = rec["epochs"]
+    i = max(range(len(rows)), key=lambda e: (rows[e].get("val_acc", -1), -e))
+    return i, rows[i]["val_acc"], rows[i]["test_acc"]
+
+
+def to_target(rec: dict, target: float) -> Tuple[Optional[int], Optional[float]]:
+    """Epochs (from 1) and training + validation seconds until validation accuracy first reaches ``target``."""
+    seconds = 0.0
+    for e, row in enumerate(rec["epochs"]):
+        seconds += row["train_s"] + row["val_s"]
+        if row.get("val_acc", -1) >= target:
+            return e + 1, seconds
+    return None, None
+
+
+def largest(rec: dict, kind: str) -> Optional[int]:
+    procs = rec.get("processes") or {}
+    ranks = [p for role, p in procs.items() if role.startswith("rank")] or [procs.get("main", {})]
+    vals = [max(p.get(kind, 0), p.get("vm_hwm", 0)) if kind == "rss" else p.get(kind, 0) for p in ranks]
+    return max(vals) if vals else None
+
+
+def gib(b: Optional[float]) -> str:
+    return "–" if b is None else f"{b / GIB:.2f}"
+
+
+def index(records: List[dict]) -> Dict[tuple, dict]:
+    """Records by ``(nodes, model, mode, seed, chunks, epochs, validate, threads, rate)``."""
+    out = {}
+    for rec in records:
+        s = rec["spec"]
+        out[(s["graph"]["num_nodes"], s["model"], s["mode"], s["seed"], s["chunks"], s["epochs"], s["validate"],
+             s.get("threads"), s["rate_bits"])] = rec
+    return out
+
+
+def accuracy_runs(records: List[dict]) -> Dict[tuple, dict]:
+    """The free-link accuracy runs by ``(nodes, model, mode, seed)``."""
+    out = {}
+    for rec in records:
+        s = rec["spec"]
+        if s["rate_bits"] is None and s["validate"] and s["epochs"] >= 20 and s["chunks"] == 8:
+            out[(s["graph"]["num_nodes"], s["model"], s["mode"], s["seed"])] = rec
+    return out
+
+
+def accuracy_rows(records: List[dict]) -> Tuple[List[str], Dict[tuple, dict]]:
+    """Per (graph, model, seed): one row per mode; and the derived figures by ``(nodes, model, mode, seed)``."""
+    runs = accuracy_runs(records)
+    derived: Dict[tuple, dict] = {}
+    lines = ["| nodes | model | seed | mode | train s / epoch | validation s / epoch | epochs to 99% of exact's best "
+             "val | s to it (÷ exact) | test acc at best val | best val acc | MiB sent / epoch | largest process "
+             "peak RSS GiB (USS) |", "|---" * 12 + "|"]
+    for key in sorted({k[:2] + (k[3],) for k in runs}):
+        nodes, model, seed = key
+        exact = runs.get((nodes, model, "exact", seed))
+        if not ok(exact):
+            continue
+        target = 0.99 * best_epoch(exact)[1]
+        _, exact_s = to_target(exact, target)
+        for mode in MODES:
+            rec = runs.get((nodes, model, mode, seed))
+            if rec is None:
+                continue
+            if not ok(rec):
+                lines.append(f"| {nodes:,} | {model} | {seed} | {LABEL[mode]} | {rec['status']} |" + " – |" * 7)
+                continue
+            epochs, seconds = to_target(rec, target)
+            _, val, test = best_epoch(rec)
+            sent = timed(rec, "sent_bytes")
+            d = {"train_s": timed(rec, "train_s"), "val_s": timed(rec, "val_s"), "epochs": epochs, "seconds": seconds,
+                 "ratio": seconds / exact_s if seconds and exact_s else None, "test": test, "val": val,
+                 "target": target, "sent": sent, "rss": largest(rec, "rss"), "uss": largest(rec, "uss")}
+            derived[(nodes, model, mode, seed)] = d
+            reached = "not reached" if epochs is None else f"{epochs}"
+            secs = "–" if seconds is None else (f"{seconds:.0f}" + (f" ({d['ratio']:.2f}x)" if d["ratio"] else ""))
+            lines.append(f"| {nodes:,} | {model} | {seed} | {LABEL[mode]} | {d['train_s']:.2f} | {d['val_s']:.2f} | "
+                         f"{reached} | {secs} | {test:.4f} | {val:.4f} | "
+                         f"{'–' if sent is None else f'{sent / 2**20:,.0f}'} | {gib(d['rss'])} ({gib(d['uss'])}) |")
+    return lines, derived
+
+
+def accuracy_summary(derived: Dict[tuple, dict]) -> List[str]:
+    """Per (graph, model, mode): test accuracy at the best validation epoch, mean over seeds, minus exact's."""
+    lines = ["| nodes | model | mode | seeds | test acc at best val (mean) | − exact (points) | epochs to 99% | "
+             "s to 99% ÷ exact |", "|---" * 8 + "|"]
+    groups: Dict[tuple, List[dict]] = {}
+    for (nodes, model, mode, seed), d in derived.items():
+        groups.setdefault((nodes, model, mode), []).append(d)
+    for (nodes, model, mode) in sorted(groups, key=lambda k: (k[0], k[1], MODES.index(k[2]))):
+        ds = groups[(nodes, model, mode)]
+        exact = groups.get((nodes, model, "exact"))
+        acc = statistics.mean(d["test"] for d in ds)
+        gap = (acc - statistics.mean(d["test"] for d in exact)) * 100 if exact else None
+        epochs = [d["epochs"] for d in ds]
+        ratios = [d["ratio"] for d in ds if d["ratio"] is not None]
+        lines.append(f"| {nodes:,} | {model} | {LABEL[mode]} | {len(ds)} | {acc:.4f} | "
+                     f"{'–' if gap is None else f'{gap:+.2f}'} | "
+                     f"{', '.join('not reached' if e is None else str(e) for e in epochs)} | "
+                     f"{', '.join(f'{r:.2f}x' for r in ratios) or '–'} |")
+    return lines
+
+
+def link_table(records: List[dict], derived: Dict[tuple, dict], rates: Dict[int, dict],
+               planner: Dict[tuple, dict]) -> Tuple[List[str], List[dict]]:
+    """Per model and rate: epoch (train + validation) of each mode, GP ÷ GNNPipe, time to accuracy, planner."""
+    by_rate = {None: "free (loopback)"}
+    by_rate.update({r["rate_bits"]: f"{r['rate_bits'] / 1e6:,.0f} Mbit/s (= {gbit} Gbit/s between GPUs)"
+                    for gbit, r in rates.items()})
+    lines = ["| model | link | GNNPipe train + val s / epoch | graph parallel | hybrid 2x2 | GP ÷ GNNPipe epoch | "
+             "GNNPipe s to 99% (÷ GP) | GiB sent / epoch (GNNPipe, GP, hybrid) | planner: predicted s / epoch "
+             "(GNNPipe, GP), choice | measured fastest of the two |", "|---" * 10 + "|"]
+    summary = []
+    runs = {}
+    for rec in records:
+        s = rec["spec"]
+        if s["epochs"] <= 3 and s["validate"] and s["graph"]["num_nodes"] == 300_000 and s["chunks"] == 8 \
+                and s["mode"] in SHORT and (s["rate_bits"] is None or s["rate_bits"] in by_rate):
+            runs[(s["model"], s["rate_bits"], s["mode"])] = rec
+    for model in ("sage8", "gcnii16"):
+        for rate, name in by_rate.items():
+            recs = {m: runs.get((model, rate, m)) for m in SHORT}
+            if not any(ok(r) for r in recs.values()):
+                continue
+            epoch = {m: (timed(r, "train_s") + timed(r, "val_s")) if ok(r) else None for m, r in recs.items()}
+            sent = {m: timed(r, "sent_bytes") if ok(r) else None for m, r in recs.items()}
+            acc = {m: derived.get((300_000, model, m, 0)) for m in SHORT}
+            to_acc = {m: (acc[m]["epochs"] * epoch[m]) if acc[m] and acc[m]["epochs"] and epoch[m] else None
+                      for m in SHORT}
+            ratio = epoch["graph_parallel"] / epoch["gnnpipe"] if epoch["gnnpipe"] and epoch["graph_parallel"] else None
+            acc_ratio = (to_acc["gnnpipe"] / to_acc["graph_parallel"]
+                         if to_acc["gnnpipe"] and to_acc["graph_parallel"] else None)
+            plan = planner.get((model, rate))
+            fastest = min((m for m in ("gnnpipe", "graph_parallel") if epoch[m]), key=lambda m: epoch[m], default=None)
+            plan_cell = "–" if plan is None else (f"{plan['gnnpipe']:.1f}, {plan['graph_parallel']:.1f}: "
+                                                  f"{SHORT[plan['choice']]}")
+            cell = lambda m: "–" if epoch[m] is None else f"{epoch[m]:.1f}"  # noqa: E731
+            pipe_acc = "–" if to_acc["gnnpipe"] is None else f"{to_acc['gnnpipe']:.0f}"
+            lines.append(f"| {model} | {name} | {cell('gnnpipe')} | {cell('graph_parallel')} | {cell('hybrid')} | "
+                         f"{'–' if ratio is None else f'{ratio:.2f}x'} | "
+                         f"{pipe_acc}{'' if acc_ratio is None else f' ({acc_ratio:.2f}x)'} | "
+                         f"{', '.join(gib(sent[m]) for m in SHORT)} | {plan_cell} | "
+                         f"{SHORT.get(fastest, '–')} |")
+            summary.append({"model": model, "rate": rate, "name": name, "epoch": epoch, "ratio": ratio,
+                            "acc_ratio": acc_ratio, "sent": sent, "plan": plan, "fastest": fastest})
+    return lines, summary
+
+
+def write_page(records: List[dict], path: Path, planner: Optional[Dict[tuple, dict]] = None) -> None:
+    from benchmarks.time_to_accuracy.bench import GPU_LINKS_GBIT, HBM_BYTES_PER_S, HBM_EFFICIENCY, derived_rates
+
+    rates = derived_rates(records)
+    acc_lines, derived = accuracy_rows(records)
+    link_lines, summary = link_table(records, derived, rates, planner or {})
+    out = ["# Time to accuracy on a learnable 300k / 1M-node graph, over an emulated cluster link", ""]
+    out += answer(derived, summary, rates)
+    out += ["## Over a link", "", *link_lines, ""]
+    out += ["## Accuracy and time to it, free link", "", *accuracy_summary(derived), "", *acc_lines, ""]
+    out += ["## Rates", "", *rate_lines(rates, GPU_LINKS_GBIT, HBM_BYTES_PER_S, HBM_EFFICIENCY), ""]
+    path.write_text("\n".join(out))
+
+
+def answer(derived: Dict[tuple, dict], summary: List[dict], rates: Dict[int, dict]) -> List[str]:
+    return ["(answer to be written from the measured tables)", ""]
+
+
+def rate_lines(rates: Dict[int, dict], links, hbm: float, eff: float) -> List[str]:
+    lines = ["| GPU link | model it is derived from | T_cpu: exact epoch, one core (s) | T_gpu: bytes at HBM (s) | "
+             "emulated rate |", "|---|---|---|---|---|"]
+    for gbit, r in sorted(rates.items()):
+        lines.append(f"| {gbit} Gbit/s | {r['model']} | {r['cpu_s']:.2f} | {r['gpu_s'] * 1e3:.1f} ms | "
+                     f"{r['rate_bits'] / 1e6:,.0f} Mbit/s |")
+    return lines
