@@ -217,8 +217,6 @@ def planner_predictions(records: List[dict]) -> Dict[tuple, dict]:
     as a rank has here) spread evenly over the model's blocks."""
     import functools
 
-    import torch
-
     from benchmarks.time_to_accuracy.graph import community_graph
     from benchmarks.time_to_accuracy.models import build_model
     from lightning_gnnpipe import build_chunk_plan, find_layer_stack
@@ -259,7 +257,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per run")
     args = p.parse_args(argv)
     if not args.page_only:
-        run(args.only or ["calibration", "tuning", "timing", "link", "accuracy"], args.force, args.timeout)
+        run(args.only or ["calibration", "accuracy", "tuning", "timing", "link"], args.force, args.timeout)
     from benchmarks.time_to_accuracy.page import write_page
 
     records = load()
