@@ -8,8 +8,8 @@ Every run is one worker process (:mod:`benchmarks.time_to_accuracy.worker`) watc
 record appended to ``benchmarks/results/time_to_accuracy_runs.jsonl`` (``--force`` re-measures). Parts:
 
 * **accuracy** (free link, validation every epoch, :data:`EPOCHS` epochs): the exact single process, GNNPipe's
-  default, graph parallelism and the hybrid 2 x 2 on the 300k-node graph (GraphSAGE-8 with two seeds, GCNII-16 with
-  one) and on the 1M-node graph (GraphSAGE-8, one seed, no hybrid: four ranks on two cores take hours), plus the MLP.
+  default, graph parallelism and the hybrid 2 x 2 on the 300k-node graph (residual GraphSAGE-8 with two seeds, GCNII-16 with
+  one) and on the 1M-node graph (residual GraphSAGE-8, one seed, no hybrid: four ranks on two cores take hours), plus the MLP.
 * **tuning**: GNNPipe's epoch with K = 4 and 16 beside the default K = 8 (3 epochs, no validation).
 * **calibration**: the exact single process on one core (one rank's share of this machine) for the rate derivation.
 * **timing**: epoch times measured with nothing else running (3 epochs with validation): the exact process on both
@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from benchmarks.time_to_accuracy.graph import GraphSpec  # noqa: E402
+from benchmarks.time_to_accuracy.models import DEPTH  # noqa: E402
 from benchmarks.time_to_accuracy.link import LinkUnavailable, shaped_loopback  # noqa: E402
 from scale_memory import GIB, classify, log_tail, read_process_peaks, run_watched  # noqa: E402
 
@@ -67,25 +68,25 @@ def spec(nodes: int, model: str, mode: str, seed: int = 0, epochs: int = EPOCHS,
 def accuracy_specs() -> List[dict]:
     out = []
     for seed in (0, 1):
-        out += [spec(SMALL, "sage8", m, seed) for m in ("exact", "gnnpipe", "graph_parallel", "hybrid", "mlp")]
+        out += [spec(SMALL, "ressage8", m, seed) for m in ("exact", "gnnpipe", "graph_parallel", "hybrid", "mlp")]
     out += [spec(SMALL, "gcnii16", m) for m in ("exact", "gnnpipe", "graph_parallel", "hybrid")]
-    out += [spec(LARGE, "sage8", m) for m in ("exact", "gnnpipe", "graph_parallel", "mlp")]
+    out += [spec(LARGE, "ressage8", m) for m in ("exact", "gnnpipe", "graph_parallel", "mlp")]
     return out
 
 
 def tuning_specs() -> List[dict]:
-    return [spec(SMALL, "sage8", "gnnpipe", epochs=3, validate=False, chunks=k) for k in (4, 8, 16)]
+    return [spec(SMALL, "ressage8", "gnnpipe", epochs=3, validate=False, chunks=k) for k in (4, 8, 16)]
 
 
 def timing_specs() -> List[dict]:
     """Epoch times measured alone (the long accuracy runs may share the machine): 3 epochs with validation. The
     300k graph's 2- and 4-process modes are the link part's free-link runs."""
-    out = [spec(SMALL, m, "exact", epochs=3) for m in ("sage8", "gcnii16")]
-    return out + [spec(LARGE, "sage8", m, epochs=3) for m in ("exact", "gnnpipe", "graph_parallel")]
+    out = [spec(SMALL, m, "exact", epochs=3) for m in ("ressage8", "gcnii16")]
+    return out + [spec(LARGE, "ressage8", m, epochs=3) for m in ("exact", "gnnpipe", "graph_parallel")]
 
 
 def calibration_specs() -> List[dict]:
-    return [spec(SMALL, m, "exact", epochs=3, validate=False, threads=1) for m in ("sage8", "gcnii16")]
+    return [spec(SMALL, m, "exact", epochs=3, validate=False, threads=1) for m in ("ressage8", "gcnii16")]
 
 
 def gpu_epoch_seconds(nodes: int, edges: int, layers: int, width: int = 64) -> float:
@@ -111,7 +112,7 @@ def derived_rates(records: List[dict]) -> Dict[int, dict]:
             if rec["status"] != "ok" or s["mode"] != "exact" or s.get("threads") != 1:
                 continue
             cpu = median([e["train_s"] for e in rec["epochs"][1:]])
-            depth = {"sage8": 8, "gcnii16": 16}[s["model"]]
+            depth = DEPTH[s["model"]]
             gpu = gpu_epoch_seconds(s["graph"]["num_nodes"], rec["num_edges"], depth)
             rate = gbit * 1e9 * gpu / cpu
             if best is None or rate < best["rate_bits"]:
@@ -126,7 +127,7 @@ def link_specs(records: List[dict]) -> List[dict]:
     out = []
     for rate in rates:
         epochs = 2 if rate is not None and rate < 100e6 else 3
-        for model in ("sage8", "gcnii16"):
+        for model in ("ressage8", "gcnii16"):
             out += [spec(SMALL, model, m, epochs=epochs, rate=rate) for m in ("gnnpipe", "graph_parallel", "hybrid")]
     return out
 

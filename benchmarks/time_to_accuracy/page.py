@@ -159,7 +159,7 @@ def link_table(records: List[dict], derived: Dict[tuple, dict], rates: Dict[int,
         if s["epochs"] <= 3 and s["validate"] and s["graph"]["num_nodes"] == 300_000 and s["chunks"] == 8 \
                 and s["mode"] in SHORT and (s["rate_bits"] is None or s["rate_bits"] in by_rate):
             runs[(s["model"], s["rate_bits"], s["mode"])] = rec
-    for model in ("sage8", "gcnii16"):
+    for model in ("ressage8", "gcnii16"):
         for rate, name in by_rate.items():
             recs = {m: runs.get((model, rate, m)) for m in SHORT}
             if not any(ok(r) for r in recs.values()):
