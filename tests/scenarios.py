@@ -1,7 +1,7 @@
 """Training runs executed on every rank of a :func:`tests.world.run_world` world.
 
 Shared by ``tests/test_reliability.py``, ``tests/test_failures.py`` and
-``benchmarks/stress.py``. Each job builds its own ``Trainer`` on the rank it runs on and
+``checks/stress.py``. Each job builds its own ``Trainer`` on the rank it runs on and
 returns plain values (this rank's per-epoch metrics and what the test needs).
 """
 

@@ -1,4 +1,4 @@
-"""``benchmarks/gpu_check.py`` on the CPU: it stops cleanly before its first CUDA step, and its checks (run here on
+"""``checks/gpu_check.py`` on the CPU: it stops cleanly before its first CUDA step, and its checks (run here on
 the CPU with gloo in place of CUDA with NCCL) pass on correct fits and fail on wrong ones."""
 
 import os
@@ -9,18 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import gpu_check  # noqa: E402
-
+from checks import gpu_check
 from tests.helpers import sbm_graph  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 from tests.world import run_world, values  # noqa: E402
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the check runs for real")
 def test_without_cuda_it_runs_to_the_first_cuda_step_and_exits_0():
-    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py"], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "checks.gpu_check"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.strip().splitlines()

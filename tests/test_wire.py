@@ -4,7 +4,7 @@ and the graph goes to the device once, not at every step.
 Each test runs multi-process fits on a world of forked gloo ranks with the check entered inside every rank. NCCL
 refuses what gloo accepts: a non-contiguous tensor, a tensor on another device than the process group's, or a dtype
 it has no type for; under the check such a tensor fails the CPU run as it would fail a CUDA one. On the CPU every
-tensor is on the CPU, so the device rule can only fail on a GPU (``benchmarks/gpu_check.py`` runs its fits under the
+tensor is on the CPU, so the device rule can only fail on a GPU (``checks/gpu_check.py`` runs its fits under the
 same check).
 """
 

@@ -5,7 +5,7 @@
     python -m benchmarks.time_to_accuracy.bench --only accuracy|tuning|calibration|link
 
 Every run is one worker process (:mod:`benchmarks.time_to_accuracy.worker`) watched for the machine's memory, its
-record appended to ``benchmarks/results/time_to_accuracy_runs.jsonl`` (``--force`` re-measures). Parts:
+record appended to ``benchmarks/time_to_accuracy/runs.jsonl`` (``--force`` re-measures). Parts:
 
 * **accuracy** (free link, validation every epoch, :data:`EPOCHS` epochs): the exact single process, GNNPipe's
   default, graph parallelism and the hybrid 2 x 2 on the 300k-node graph (residual GraphSAGE-8 with two seeds, GCNII-16 with
@@ -28,25 +28,23 @@ import argparse
 import datetime
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import psutil
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from benchmarks.harness.memory import GIB, read_process_peaks  # noqa: E402
+from benchmarks.harness.process import classify, log_tail, run_watched  # noqa: E402
+from benchmarks.harness.records import append_cache, cache_key, git_info, host_info, load_cache  # noqa: E402
 from benchmarks.time_to_accuracy.graph import GraphSpec  # noqa: E402
 from benchmarks.time_to_accuracy.models import DEPTH  # noqa: E402
 from benchmarks.time_to_accuracy.link import LinkUnavailable, shaped_loopback  # noqa: E402
-from scale_memory import GIB, classify, log_tail, read_process_peaks, run_watched  # noqa: E402
 
-CACHE = ROOT / "benchmarks" / "results" / "time_to_accuracy_runs.jsonl"
+CACHE = Path(__file__).resolve().parent / "runs.jsonl"
 PAGE = ROOT / "docs" / "results" / "time_to_accuracy.md"
 EPOCHS = 80
 SMALL, LARGE = 300_000, 1_000_000
@@ -139,26 +137,12 @@ def median(values: List[float]) -> float:
 
 
 def key_of(s: dict) -> str:
-    return json.dumps(s, sort_keys=True)
+    return cache_key(s)
 
 
 def load(cache: Path = CACHE) -> List[dict]:
     """Cached records, the latest per key."""
-    if not cache.exists():
-        return []
-    latest: Dict[str, dict] = {}
-    for line in cache.read_text().splitlines():
-        if line.strip():
-            rec = json.loads(line)
-            latest[rec["key"]] = rec
-    return list(latest.values())
-
-
-def git_commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
-    return done.stdout.strip() + (" (dirty)" if dirty else "")
+    return list({rec["key"]: rec for rec in load_cache(cache)}.values())
 
 
 def measure(s: dict, timeout_s: float) -> dict:
@@ -177,8 +161,7 @@ def measure(s: dict, timeout_s: float) -> dict:
     tail = log_tail(run_dir / "log.txt")
     rec = {"key": key_of(s), "spec": s, "status": classify(watch, bool(result), tail), **result,
            "processes": read_process_peaks(run_dir), "machine": watch, "load_before": load_before,
-           "host": {"hostname": socket.gethostname(), "cores": psutil.cpu_count(), "memory": psutil.virtual_memory().total},
-           "git": git_commit(), "time": datetime.datetime.now().isoformat(timespec="seconds")}
+           "host": host_info(), "git": git_info(), "time": datetime.datetime.now().isoformat(timespec="seconds")}
     if rec["status"] != "ok":
         rec["error_tail"] = tail
     return rec
@@ -200,9 +183,7 @@ def run(parts: List[str], force: bool, timeout_s: float, cache: Path = CACHE) ->
             except LinkUnavailable as err:
                 print(f"link: cannot emulate a link here, stopping: {err}", flush=True)
                 return
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            with open(cache, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+            append_cache(cache, rec)
             records = load(cache)
             rate = s["rate_bits"]
             print(f"{part}: {s['graph']['num_nodes']:,} {s['model']} {s['mode']} seed {s['seed']} K {s['chunks']}"

@@ -9,7 +9,7 @@ those of a citation or product graph:
   (a fraction ``connectors`` of the nodes, drawn at random): long-range edges gather on few nodes, as hubs gather them
   in real graphs. METIS then cuts the ring into arcs: the cut is about ``p_far`` (plus the near edges across the
   arcs' ends) and few nodes are another chunk's halo (Cora cut into 8 chunks: cut 0.11, 25% halo nodes). A uniform
-  SBM's long-range edges touch every node instead (``benchmarks/scale.py``'s graph: 98% halo nodes).
+  SBM's long-range edges touch every node instead (``benchmarks/scale/run.py``'s graph: 98% halo nodes).
 * **Labels that need neighbours.** Each community has a class (uniform over ``num_classes``); a node takes its
   community's class, or with probability ``label_noise`` a uniform random class. Features are the node's own class
   mean (a random unit vector times ``signal``) plus standard normal noise in ``num_features`` dimensions: a node's

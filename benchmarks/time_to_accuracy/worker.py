@@ -14,7 +14,7 @@ keyword arguments of the strategy). Modes:
 Writes ``DIR/result.json``: per epoch the training seconds (the step and Lightning's loop, without validation),
 validation seconds, validation and test accuracy of the exact full-graph forward, training loss and bytes sent
 (all ranks, the training step); setup seconds; and from every process ``DIR/mem_<role>.json`` (peak USS / PSS /
-RSS and ``VmHWM``, :mod:`benchmarks.scale_memory`).
+RSS and ``VmHWM``, :mod:`benchmarks.harness.memory`).
 """
 
 from __future__ import annotations
@@ -34,12 +34,11 @@ from torch_geometric.utils import to_torch_csr_tensor
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from benchmarks.harness.memory import MemorySampler  # noqa: E402
 from benchmarks.time_to_accuracy.graph import GraphSpec, community_graph  # noqa: E402
 from benchmarks.time_to_accuracy.models import LEARNING_RATE, Classifier, accuracies, build_model  # noqa: E402
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy  # noqa: E402
-from scale_memory import MemorySampler  # noqa: E402
 
 LONG = timedelta(hours=2)  # collectives may wait long on an emulated slow link
 

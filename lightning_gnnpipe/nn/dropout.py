@@ -110,7 +110,7 @@ class NodeDropout(nn.Module):
     a block outside the strategy's step (activation checkpointing that recomputes a block in the backward pass
     would draw a different mask, so it is not supported with this layer). In evaluation mode it is the identity.
     The hash costs about ten int64 operations per entry: on one CPU thread 1.7x to 2.0x the time of ``F.dropout``
-    on a ``(3327, 3703)`` input, about the same on ``(3327, 64)`` (``benchmarks/node_dropout.py``).
+    on a ``(3327, 3703)`` input, about the same on ``(3327, 64)`` (``benchmarks/accuracy/node_dropout.py``).
 
     Args:
         p: Probability of zeroing an entry, in ``[0, 1)``.

@@ -9,8 +9,8 @@ process per stage gets on a 2-core machine), best of ``--repeats`` runs. A GPipe
 
 Run from the repository root:
 
-    python benchmarks/balance.py                     # S = 2 and 4 stages, K = 8 chunks
-    python benchmarks/balance.py --stages 2 --repeats 9
+    python -m benchmarks.performance.balance                     # S = 2 and 4 stages, K = 8 chunks
+    python -m benchmarks.performance.balance --stages 2 --repeats 9
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import List
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from torch_geometric.nn.models import GCN  # noqa: E402
 

@@ -23,7 +23,7 @@ detected"), so with one GPU these print SKIP.
 
 Command (repository root; ``pip install -e ".[test]"``, it uses the test helpers)::
 
-    python benchmarks/gpu_check.py [--out benchmarks/results/gpu_check.json] [--scale [--nodes 1000000]]
+    python -m checks.gpu_check [--out checks/gpu_check.json] [--scale [--nodes 1000000]]
 
 About a minute or two on one GPU (no measurement yet); ``--scale`` adds the peak CUDA memory and epoch time of GNNPipe
 on a 1M-node graph (graph generation and METIS on the CPU take most of it). Without a CUDA device it runs the CPU
@@ -47,7 +47,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 FIT_TOL, BF16_TOL, RESUME_TOL = 1e-4, 5e-2, 1e-5
 EPOCHS = 3
@@ -352,7 +351,7 @@ def check_scale(ctx: Context, nodes: int, epochs: int = 3, chunks: int = 8) -> R
     from torch_geometric.nn.models import GCN
 
     from lightning_gnnpipe import GraphChunkDataModule
-    from scale_worker import sbm
+    from benchmarks.scale.graph import sbm
     from tests.helpers import GNNModule
 
     ctx.needs_cuda("scale")
@@ -401,8 +400,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_check.json"),
-                        help="JSON results file (default: benchmarks/results/gpu_check.json)")
+    parser.add_argument("--out", default=str(ROOT / "checks" / "gpu_check.json"),
+                        help="JSON results file (default: checks/gpu_check.json)")
     parser.add_argument("--scale", action="store_true", help="also the 1M-node peak memory and epoch time")
     parser.add_argument("--nodes", type=int, default=1_000_000, help="nodes of the --scale check (default 1M)")
     args = parser.parse_args(argv)

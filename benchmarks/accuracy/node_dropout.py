@@ -1,11 +1,11 @@
 """Cost of NodeDropout against nn.Dropout, one CPU thread: the operation alone and a chunked training epoch.
 
-    python benchmarks/node_dropout.py
+    python -m benchmarks.accuracy.node_dropout
 
 Prints the best of repeated timings (seconds, milliseconds) of ``F.dropout`` and ``NodeDropout`` (p = 0.5) on
 CiteSeer-sized inputs ``(3327, 64)`` and ``(3327, 3703)`` (hidden width and raw features), and of one training
 epoch (forward and backward, no optimizer step) of the benchmark's CiteSeer ResGCN-4 chunked into K = 8 chunks
-(``benchmarks/accuracy.py``'s runner) and on the full graph, with ``nn.Dropout`` and with ``NodeDropout``.
+(``benchmarks/accuracy/run.py``'s runner) and on the full graph, with ``nn.Dropout`` and with ``NodeDropout``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import accuracy as A  # noqa: E402  (benchmarks/accuracy.py: datasets, models, chunked runner)
+import benchmarks.accuracy.run as A  # noqa: E402  (benchmarks/accuracy/run.py: datasets, models, chunked runner)
 from lightning_gnnpipe.nn import NodeDropout, node_rows  # noqa: E402
 
 

@@ -1,9 +1,9 @@
 """With dropout on, is the chunked training gradient distributed like the exact one?
 
-    python benchmarks/dropout_gradient.py          # the table quoted in docs/results/accuracy.md (about 4 minutes)
+    python -m benchmarks.accuracy.dropout_gradient          # the table quoted in docs/results/accuracy.md (about 4 minutes)
 
 A diagnostic for the epochs of CiteSeer ResGCN-4 and GAT-4 in ``docs/results/accuracy.md``, not a timed
-benchmark. ``benchmarks/halo_gradient.py`` compares the gradients with dropout off, where both sides are
+benchmark. ``benchmarks/accuracy/halo_gradient.py`` compares the gradients with dropout off, where both sides are
 deterministic. Here dropout is on (training mode, as in training): at fixed weights (seed 0's initial weights, or
 those after ``--train-epochs`` epochs of exact training, as in ``accuracy.py``) every mode computes the training
 loss's gradient ``--draws`` times, each with new dropout masks:
@@ -30,9 +30,9 @@ from typing import Dict, List
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from accuracy import DATASETS, MODELS, chunked_forward, chunked_stage  # noqa: E402
+from benchmarks.accuracy.run import DATASETS, MODELS, chunked_forward, chunked_stage  # noqa: E402
 
 
 def _flat_grad(model: torch.nn.Module) -> torch.Tensor:

@@ -4,8 +4,8 @@ Prints markdown tables of bytes per epoch (measured and analytic), epoch time (m
 epochs after the first), communication wait, pipeline bubble, peak memory per process, and
 the GNNPipe / graph-parallel ratios. Not a test: run it by hand, e.g.
 
-    python benchmarks/parallelism.py --datasets cora --layers 4 8 16 32 --procs 2 --json out.json
-    python benchmarks/parallelism.py --analytic-only --datasets cora tolokers cornell5 sbm --procs 2 4
+    python -m benchmarks.performance.parallelism --datasets cora --layers 4 8 16 32 --procs 2 --json out.json
+    python -m benchmarks.performance.parallelism --analytic-only --datasets cora tolokers cornell5 sbm --procs 2 4
 
 Every run is a real ``Trainer.fit`` of a PyG ``GCN`` (hidden 128 by default, Adam, one
 full-graph step per epoch, no validation). Graph parallelism uses ``G = procs`` METIS parts;
@@ -34,11 +34,10 @@ from torch_geometric.data import Data
 from torch_geometric.nn.models import GCN
 from torch_geometric.utils import coalesce, to_undirected
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy  # noqa: E402
-from scale_worker import split_masks  # noqa: E402
+from benchmarks.scale.graph import split_masks  # noqa: E402
 from lightning_gnnpipe.comm.accounting import KINDS  # noqa: E402
 from lightning_gnnpipe import find_layer_stack  # noqa: E402
 from lightning_gnnpipe.planner.volume import graph_parallel_volume, hybrid_volume, pipeline_volume  # noqa: E402

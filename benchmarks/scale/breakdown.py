@@ -1,6 +1,6 @@
 """Where a rank's memory goes: tensor bytes of what a GNNPipe / graph-parallel rank keeps, by kind.
 
-Used by :class:`scale_worker.Probe` at the end of every training epoch of a 2-process run. Kinds (bytes, each
+Used by :class:`benchmarks.scale.worker.Probe` at the end of every training epoch of a 2-process run. Kinds (bytes, each
 storage counted once):
 
 * ``history`` and ``chunk_graph``: the strategy's own count (``WholeGraphStrategy.kept_bytes``, also logged as

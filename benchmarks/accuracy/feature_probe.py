@@ -1,6 +1,6 @@
 """Is there a learnable signal in a dataset's features, before and after one GCN averaging step?
 
-    python benchmarks/feature_probe.py --dataset Cornell5            # the probe quoted in docs/results/accuracy.md
+    python -m benchmarks.accuracy.feature_probe --dataset Cornell5            # the probe quoted in docs/results/accuracy.md
 
 Trains PyG's 2-layer ``MLP`` (hidden 64, ReLU, dropout 0.5, no normalisation; Adam lr 0.005, weight decay 5e-4,
 full batch) on three inputs and prints the validation accuracy every 10 epochs:
@@ -31,8 +31,8 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from torch_geometric.nn.models import MLP
 from torch_geometric.utils import homophily, spmm, to_torch_csr_tensor
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from accuracy import DATASETS  # noqa: E402  (the loaders and splits of the accuracy benchmark)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from benchmarks.accuracy.run import DATASETS  # noqa: E402  (the loaders and splits of the accuracy benchmark)
 
 
 def probe(x: torch.Tensor, data, epochs: int, lr: float):

@@ -1,11 +1,11 @@
 """Per-rank history-table and chunk-graph bytes of hybrid parallelism against G (``S = 2``, ``G = 1, 2``).
 
-Trains one epoch of PyG ``GCN`` on the SBM graph of ``benchmarks/scale.py`` with ``GNNPipeStrategy`` (2 stages,
+Trains one epoch of PyG ``GCN`` on the SBM graph of ``benchmarks/scale/run.py`` with ``GNNPipeStrategy`` (2 stages,
 ``graph_parallel_size`` G, ``K = 8``, spawn launcher, ``2 G`` processes) and prints, per rank, the bytes it keeps
 (the strategy's ``memory/history_bytes/rank<r>`` and ``memory/graph_bytes/rank<r>``) and its peak RSS
 (``memory/peak_bytes/rank<r>``), next to what ``1/G`` of the pure pipeline's would be::
 
-    python benchmarks/hybrid_memory.py --nodes 100000
+    python -m benchmarks.scale.hybrid_memory --nodes 100000
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Trainer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule  # noqa: E402
 from lightning_gnnpipe.comm.exchange import partition_halos  # noqa: E402
-from scale_worker import ScaleModule, build_model, sbm  # noqa: E402
+from benchmarks.scale.graph import build_model, sbm  # noqa: E402
+from benchmarks.scale.worker import ScaleModule  # noqa: E402
 
 GIB = 2**30
 

@@ -4,7 +4,7 @@ Prints one markdown table: each layout's per-epoch training loss (5 epochs, 4-la
 width 32) and its largest difference from the single-device run with the same precision and clip
 value. Not a test (``tests/test_precision.py`` asserts the K = 1, 2-stage cases); run it by hand:
 
-    python benchmarks/precision.py
+    python -m benchmarks.accuracy.precision
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy  # noqa: E402
 from tests.helpers import ChunkLossGCN, GCNIIModule, GCNModule, fit, losses, sbm_graph  # noqa: E402

@@ -1,9 +1,9 @@
 """How far the chunked gradient is from the exact full-graph gradient, at the same weights.
 
-    python benchmarks/halo_gradient.py --out docs/results/notes  # the "Gradient" block of docs/results/notes/accuracy.md
-    python benchmarks/halo_gradient.py --datasets Cora --models resgcn8 --seeds 0    # a quick look
+    python -m benchmarks.accuracy.halo_gradient --out docs/results/notes  # the "Gradient" block of docs/results/notes/accuracy.md
+    python -m benchmarks.accuracy.halo_gradient --datasets Cora --models resgcn8 --seeds 0    # a quick look
 
-A diagnostic for the accuracy table (``benchmarks/accuracy.py``), not a timed benchmark. For one set of weights
+A diagnostic for the accuracy table (``benchmarks/accuracy/run.py``), not a timed benchmark. For one set of weights
 (the seed's initial weights, or those after `--train-epochs` epochs of exact training; dropout off so that both
 sides are deterministic) it computes the training loss's gradient twice:
 
@@ -40,9 +40,10 @@ from typing import Dict, List
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from accuracy import DATASETS, MODELS, TABLE, chunked_forward, chunked_stage, replace_block  # noqa: E402
+from benchmarks.accuracy.run import (DATASETS, MODELS, TABLE, chunked_forward, chunked_stage,  # noqa: E402
+                                      replace_block)
 from lightning_gnnpipe import find_layer_stack  # noqa: E402
 
 
@@ -163,7 +164,7 @@ def main() -> None:
         with open(path) as f:
             text = f.read()
         name = "gradient" if not args.train_epochs else f"gradient-after-{args.train_epochs}-epochs"
-        command = ["```bash", "python benchmarks/halo_gradient.py " + " ".join(sys.argv[1:]), "```", ""]
+        command = ["```bash", "python -m benchmarks.accuracy.halo_gradient " + " ".join(sys.argv[1:]), "```", ""]
         text = replace_block(text, name, command + lines)
         with open(path, "w") as f:
             f.write(text)

@@ -1,16 +1,16 @@
 """Scale benchmark: GNNPipe against the best single-process PyG loop and graph parallelism, 250k to 2M nodes.
 
 What it measures, per (nodes, model, layers, mode), each run in its own fresh subprocess
-(``benchmarks/scale_worker.py``) so that memory is per mode:
+(``benchmarks/scale/worker.py``) so that memory is per mode:
 
 * epoch time: median of the epochs after the first (seconds; ``--epochs 4`` gives 3 timed epochs);
 * per-process peak memory (USS, PSS, RSS; bytes) of the launching process and of every rank, sampled every
-  0.2 s by a thread in each process (``benchmarks/scale_memory.py``), plus the kernel's ``VmHWM``;
+  0.2 s by a thread in each process (``benchmarks/harness/memory.py``), plus the kernel's ``VmHWM``;
 * the machine's used memory (``psutil.virtual_memory().used``) before and at its peak during the run;
 * bytes sent per epoch, all ranks (``comm/sent_total`` logged by the strategies); wall time; failures (out of
   memory, killed, timeout: the error tail is recorded, the ladder goes on).
 
-Graph: a stochastic block model built in ``O(|E|)`` (``scale_worker.sbm``): average degree 20, 64 features,
+Graph: a stochastic block model built in ``O(|E|)`` (``benchmarks/scale/graph.py``): average degree 20, 64 features,
 8 classes, 80% of the edges inside blocks, ``--blocks 64`` contiguous blocks with class = block % 8 (so METIS has
 blocks to find and every class spans 8 blocks). Models: PyG ``GCN`` and ``GraphSAGE``, hidden 64, Adam (lr 0.01),
 cross-entropy on ``train_mask``, one full-graph step per epoch, no validation. Modes:
@@ -26,16 +26,16 @@ Every process of a run starts with torch's transparent huge pages on (``THP_MEM_
 
 Needs ``pip install -e ".[bench]"`` (psutil for the memory sampling, matplotlib for the plot).
 
-Every measured run appends one JSON line to ``--cache`` (default ``benchmarks/results/scale_runs.jsonl``); a rerun
+Every measured run appends one JSON line to ``--cache`` (default ``benchmarks/scale/runs.jsonl``); a rerun
 measures only what is missing (``--force`` re-measures everything selected, ``--retry-failed`` the failed
 rungs), then rewrites ``--out``/scale.md and scale.png from the cache. Larger rungs of a (model, layers, mode) whose smaller rung ran out of memory or time are skipped
 (``--no-skip`` runs them anyway). Command lines:
 
-    python benchmarks/scale.py                                         # the whole ladder: 250k, 1M, 2M nodes
-    python benchmarks/scale.py --nodes 1000000 --models gcn --layers 16 --modes pyg_csr gnnpipe_k8
-    python benchmarks/scale.py --page-only                             # the page from the cache, nothing measured
-    python benchmarks/scale.py --selfcheck                             # CSR path == edge_index path (1e-5)
-    python benchmarks/scale.py --nodes 20000 --epochs 3 --cache /tmp/scale_test.jsonl --out /tmp/scale_page
+    python -m benchmarks.scale.run                                         # the whole ladder: 250k, 1M, 2M nodes
+    python -m benchmarks.scale.run --nodes 1000000 --models gcn --layers 16 --modes pyg_csr gnnpipe_k8
+    python -m benchmarks.scale.run --page-only                             # the page from the cache, nothing measured
+    python -m benchmarks.scale.run --selfcheck                             # CSR path == edge_index path (1e-5)
+    python -m benchmarks.scale.run --nodes 20000 --epochs 3 --cache /tmp/scale_test.jsonl --out /tmp/scale_page
 """
 
 from __future__ import annotations
@@ -44,24 +44,23 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-from importlib import metadata
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import psutil
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
 
-import scale_page  # noqa: E402
-from scale_memory import GIB, classify, log_tail, read_process_peaks, run_watched  # noqa: E402
+from benchmarks.harness.memory import GIB, read_process_peaks  # noqa: E402
+from benchmarks.harness.process import classify, log_tail, run_watched  # noqa: E402
+from benchmarks.harness.records import (append_cache, cache_key, git_info, host_info, load_cache,  # noqa: E402
+                                        package_versions)
+from benchmarks.scale import page as scale_page  # noqa: E402
 
 DEFAULT_NODES = [250_000, 1_000_000, 2_000_000]
 DEFAULT_MODELS = ["gcn", "sage"]
@@ -91,7 +90,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="intra-op threads of the single-process modes (2-process modes: 1 per process)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per run")
     p.add_argument("--guard-gib", type=float, default=1.5, help="kill a run below this available memory (GiB)")
-    p.add_argument("--cache", type=Path, default=HERE / "results" / "scale_runs.jsonl")
+    p.add_argument("--cache", type=Path, default=HERE / "runs.jsonl")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "results", help="folder of scale.md and scale.png")
     p.add_argument("--force", action="store_true", help="re-measure cached rungs")
     p.add_argument("--retry-failed", action="store_true", help="re-measure cached rungs that did not finish ok")
@@ -113,23 +112,6 @@ def config(args: argparse.Namespace, nodes: int, model: str, layers: int, mode: 
             "threads_single": args.threads_single, "huge_pages": args.huge_pages}
 
 
-def cache_key(cfg: dict) -> str:
-    return json.dumps(cfg, sort_keys=True)
-
-
-def load_cache(path: Path) -> List[dict]:
-    """Every record of the cache, oldest first (a later line for the same key wins)."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def append_cache(path: Path, rec: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(rec) + "\n")
-
-
 def same_setup(rec: dict, args: argparse.Namespace) -> bool:
     """Whether a record used this invocation's graph parameters and hidden width."""
     return all(rec.get(k) == getattr(args, k) for k in GRAPH_KEYS)
@@ -144,48 +126,11 @@ def skip_reason(records: List[dict], cfg: dict) -> Optional[str]:
     return None
 
 
-def host_info() -> dict:
-    """Hostname, CPU model, cores, total memory (bytes) and the 1-minute load average now."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"hostname": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(),
-            "memory": psutil.virtual_memory().total, "load_before": os.getloadavg()[0]}
-
-
-def git_info() -> dict:
-    """Commit of the checkout and whether tracked files differ from it (read-only: no index refresh)."""
-    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                env=env, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, env=env).stdout.strip()
-        return {"commit": commit, "dirty": bool(dirty)}
-    except (OSError, subprocess.CalledProcessError):
-        return {"commit": "unknown", "dirty": None}
-
-
-def package_versions() -> dict:
-    """Installed versions, read without importing torch (the worker's own report overrides them)."""
-    out = {}
-    for name in ("torch", "torch_geometric", "lightning"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    out["python"] = platform.python_version()
-    return out
-
-
 def measure(cfg: dict, args: argparse.Namespace, extra: Optional[dict] = None) -> dict:
     """Run one rung in a fresh, watched worker process and return its record (never raises for a failed run)."""
     run_dir = Path(tempfile.mkdtemp(prefix="scale-run-"))
     spec = {**cfg, **(extra or {})}
-    cmd = [sys.executable, str(HERE / "scale_worker.py"), json.dumps(spec), str(run_dir)]
+    cmd = [sys.executable, "-m", "benchmarks.scale.worker", json.dumps(spec), str(run_dir)]
     host = host_info()
     # torch's transparent huge pages for every mode (the baselines too); the strategies' `huge_pages` keeps the value
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1" if cfg["huge_pages"] else "0"}
@@ -285,10 +230,10 @@ def write_page(args: argparse.Namespace) -> str:
                                                   scale_page.short(ns[-1]) if ns else ""]))
     meta = {"title": "Scale: GNNPipe vs the best single process and graph parallelism, SBM graphs of "
                      f"{names(trained)} nodes" + (f" ({names(untrained)} not trained)" if untrained else ""),
-            "reproduce": "python benchmarks/scale.py --nodes 250000 1000000 2000000 --models gcn sage "
+            "reproduce": "python -m benchmarks.scale.run --nodes 250000 1000000 2000000 --models gcn sage "
                          "--layers 8 16 --epochs 4",
             "description": (
-                f"Graph: stochastic block model (`benchmarks/scale_worker.py::sbm`, O(|E|)), average degree "
+                f"Graph: stochastic block model (`benchmarks/scale/worker.py::sbm`, O(|E|)), average degree "
                 f"{args.degree}, {args.features} features, {args.classes} classes, {args.p_in:.0%} of the edges inside "
                 f"{args.blocks} contiguous blocks, class = block % {args.classes}; 50% of the nodes train. Models: "
                 f"PyG `GCN` / `GraphSAGE`, hidden {args.hidden}, Adam lr 0.01, one full-graph step per epoch, no "
@@ -318,7 +263,7 @@ def write_page(args: argparse.Namespace) -> str:
 def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
     if args.selfcheck:
-        import scale_worker
+        from benchmarks.scale import worker as scale_worker
 
         print("\n".join(scale_worker.selfcheck()))
         return

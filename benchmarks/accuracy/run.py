@@ -1,10 +1,10 @@
 """Accuracy of GNNPipe's chunked training against exact full-graph training.
 
-    python benchmarks/accuracy.py --out docs/results/notes  # docs/results/notes/accuracy.md and the PNG, from the cache
-    python benchmarks/accuracy.py --datasets Cora --models resgcn8 --seeds 0 --epochs 50   # a quick look
+    python -m benchmarks.accuracy.run --out docs/results/notes  # docs/results/notes/accuracy.md and the PNG, from the cache
+    python -m benchmarks.accuracy.run --datasets Cora --models resgcn8 --seeds 0 --epochs 50   # a quick look
 
 Result cache: every finished run (dataset, model, mode, seed, epochs, lr, weight decay) is appended as one JSON line to
-``benchmarks/results/accuracy_runs.jsonl`` with its validation curve and seconds; a later invocation reuses the
+``benchmarks/accuracy/runs.jsonl`` with its validation curve and seconds; a later invocation reuses the
 cached runs and computes only the missing ones (``--no-cache`` recomputes every run and appends the new lines,
 which then win over the old ones).
 
@@ -35,7 +35,7 @@ from torch import nn
 from torch_geometric.nn.models import GAT, GraphSAGE
 from torchmetrics.functional import accuracy, auroc
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
@@ -404,8 +404,8 @@ def study_averages(rows: List[Dict[str, object]]) -> List[str]:
 def command_block(args, runs) -> List[str]:
     """Return the markdown lines with the regenerating command and the cost of a run from scratch."""
     hours = sum(r["seconds"] for r in runs.values()) / 3600
-    return ["```bash", "python benchmarks/accuracy.py " + " ".join(sys.argv[1:]), "```", ""] + textwrap.wrap(
-            f"It reads the {len(runs)} runs it needs from `benchmarks/results/accuracy_runs.jsonl` (seconds). On a "
+    return ["```bash", "python -m benchmarks.accuracy.run " + " ".join(sys.argv[1:]), "```", ""] + textwrap.wrap(
+            f"It reads the {len(runs)} runs it needs from `benchmarks/accuracy/runs.jsonl` (seconds). On a "
             f"fresh machine, or with `--no-cache`, it computes them: {hours:.1f} hours of one CPU core "
             "(`--threads 1`), the sum of the seconds measured for each run and stored in the cache (measured on a "
             "shared, loaded machine: an idle one needs less).", 116, break_on_hyphens=False)

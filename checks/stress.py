@@ -16,8 +16,8 @@ Modes:
 
 Usage (from the repository root)::
 
-    python benchmarks/stress.py                # 50 runs
-    python benchmarks/stress.py --runs 10 --pytest
+    python -m checks.stress                # 50 runs
+    python -m checks.stress --runs 10 --pytest
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tables, page and plot of ``benchmarks/scale.py``, from the cached run records alone (nothing is measured here).
+"""Tables, page and plot of ``benchmarks/scale/run.py``, from the cached run records alone (nothing is measured here).
 
 Peak memory of a process is its peak RSS: the larger of the sampled RSS (every 0.2 s) and the kernel's ``VmHWM``;
 RSS counts every resident page, shared ones in full, so the ratios are conservative. USS and PSS are in the detail
@@ -281,11 +281,11 @@ def setup_section(records: List[dict], meta: dict) -> List[str]:
     vers = sorted({", ".join(f"{k} {v}" for k, v in r["versions"].items()) for r in records if r.get("versions")})
     commits = sorted({f"{r['git']['commit']}{' (dirty tree)' if r['git'].get('dirty') else ''}"
                       for r in records if r.get("git")})
-    commands = sorted({"python benchmarks/scale.py " + " ".join(portable(r["argv"])) for r in records if "argv" in r})
+    commands = sorted({"python -m benchmarks.scale.run " + " ".join(portable(r["argv"])) for r in records if "argv" in r})
     loads = [r["host"][k] for r in records for k in ("load_before", "load_after") if r.get("host", {}).get(k) is not None]
     return ["## Setup", "",
             "Reproduce (measures only the rungs missing from the cache, then rewrites this page):", "",
-            "```bash", meta["reproduce"], "python benchmarks/scale.py --page-only   # the page from the cache alone",
+            "```bash", meta["reproduce"], "python -m benchmarks.scale.run --page-only   # the page from the cache alone",
             "```", "", "Commands that produced the cached rows:", "", "```bash", *commands, "```", "",
             f"Machine: {'; '.join(hosts) or '–'}. Load average (1 min) before / after the runs: "
             f"{min(loads):.1f}–{max(loads):.1f}." if loads else f"Machine: {'; '.join(hosts) or '–'}.",
