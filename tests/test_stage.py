@@ -274,3 +274,32 @@ def test_intra_op_threads_sets_and_restores():
     assert torch.get_num_threads() == before
     with intra_op_threads(None):
         assert torch.get_num_threads() == before
+
+
+def _fork_child_threads(queue) -> None:
+    from lightning_gnnpipe.pipeline.runtime import intra_op_threads
+
+    a = torch.randn(600, 600)
+    torch.set_num_threads(1)
+    with intra_op_threads(2):
+        queue.put(torch.get_num_threads())
+        (a @ a).sum()  # a team of 2 after the fork would hang here
+    queue.put("done")
+
+
+def test_intra_op_threads_never_grows_the_team_of_a_forked_process():
+    """GNU OpenMP hangs in the first parallel region of a larger team after a fork: a forked rank keeps its count."""
+    import multiprocessing as mp
+
+    torch.set_num_threads(2)
+    a = torch.randn(600, 600)
+    (a @ a).sum()  # the parent's OpenMP team exists before the fork
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_fork_child_threads, args=(queue,))
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0, "the forked child hung or failed"
+    assert queue.get(timeout=5) == 1 and queue.get(timeout=5) == "done"

@@ -13,6 +13,7 @@ to rank with ``send``/``recv`` (or stay in place when the next stage lives on th
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -250,10 +251,29 @@ class PipelineRuntime:
         return h
 
 
+_forked = False
+
+
+def _note_fork() -> None:
+    global _forked
+    _forked = True
+
+
+# GNU OpenMP cannot start a larger thread team in a process forked after its parent used one: the first parallel
+# region hangs (a fork-started rank, ``strategy="ddp_fork"``-style launchers and tests). Such a rank keeps its count.
+os.register_at_fork(after_in_child=_note_fork)
+
+
 @contextmanager
 def intra_op_threads(threads: Optional[int]) -> Iterator[None]:
-    """Run the block with ``threads`` intra-op threads (``None``: as they are), then restore the number."""
+    """Run the block with ``threads`` intra-op threads (``None``: as they are), then restore the number.
+
+    In a process started by ``fork`` the number is only ever lowered, never raised: OpenMP's thread team cannot grow
+    after a fork (its first parallel region would hang).
+    """
     before = torch.get_num_threads()
+    if threads is not None and _forked:
+        threads = min(threads, before)
     if threads is not None and threads != before:
         torch.set_num_threads(threads)
     try:
