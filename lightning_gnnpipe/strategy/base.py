@@ -30,8 +30,8 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torchmetrics import Metric
 
-from lightning_gnnpipe._compat import (default_process_group_backend, init_dist_connection, optimizers_to_device,
-                                       sync_ddp_if_available)
+from lightning_gnnpipe._compat import (LauncherHook, default_process_group_backend, init_dist_connection,
+                                       optimizers_to_device, sync_ddp_if_available)
 from lightning_gnnpipe.comm.accounting import CommStats, StepClock, log_comm
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.nn.stack import LayerStack, infer_dims
@@ -50,7 +50,7 @@ def distributed_is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-class WholeGraphStrategy(ParallelStrategy):
+class WholeGraphStrategy(LauncherHook, ParallelStrategy):
     """Base of :class:`~lightning_gnnpipe.GNNPipeStrategy` and :class:`~lightning_gnnpipe.GraphParallelStrategy`.
 
     Args:
@@ -159,14 +159,13 @@ class WholeGraphStrategy(ParallelStrategy):
     def process_group_backend(self) -> Optional[str]:
         return self._process_group_backend
 
-    def _configure_launcher(self) -> None:
+    def make_launcher(self) -> Any:
         assert self.cluster_environment is not None
         if self._start_method == "popen" or self.cluster_environment.creates_processes_externally:
             # popen, or torchrun/SLURM already started the processes (then this launcher is a no-op)
-            self._launcher = HugePageScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes,
-                                                    huge_pages=self.huge_pages)
-        else:
-            self._launcher = CheckedMultiProcessingLauncher(self, start_method=self._start_method)
+            return HugePageScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes,
+                                          huge_pages=self.huge_pages)
+        return CheckedMultiProcessingLauncher(self, start_method=self._start_method)
 
     def setup_environment(self) -> None:
         # Validate before the process group exists (also under torchrun, where no launcher runs).
