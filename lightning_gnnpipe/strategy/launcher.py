@@ -8,7 +8,7 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.strategies import Strategy
 
 from lightning_gnnpipe._compat import MultiProcessingLauncher, SubprocessScriptLauncher
-from lightning_gnnpipe.strategy.allocator import huge_pages_for_new_processes
+from lightning_gnnpipe.strategy.allocator import launch_environment
 from lightning_gnnpipe.strategy.precision import check_precision
 
 
@@ -19,8 +19,8 @@ class CheckedMultiProcessingLauncher(MultiProcessingLauncher):
     clear error in the user's process instead of a traceback relayed from a spawned worker. In
     the workers, an error gets a note naming the rank and stage that raised it (:class:`NotingFailures`,
     :mod:`~lightning_gnnpipe.strategy.failures`); the main process re-raises it with that note. With the strategy's
-    ``huge_pages``, the workers start with torch's transparent huge pages on
-    (:func:`~lightning_gnnpipe.strategy.allocator.huge_pages_for_new_processes`).
+    ``huge_pages``, the workers start with torch's transparent huge pages on; either way they know the strategy
+    started them (:func:`~lightning_gnnpipe.strategy.allocator.launch_environment`).
     """
 
     def __init__(self, strategy: Strategy, start_method: str = "spawn") -> None:
@@ -38,7 +38,7 @@ class CheckedMultiProcessingLauncher(MultiProcessingLauncher):
             # Trainer write into one run directory instead of each worker picking the next one.
             for logger in trainer.loggers:
                 _ = logger.version
-        with huge_pages_for_new_processes(self.strategy.huge_pages):
+        with launch_environment(self.strategy.huge_pages):
             return super().launch(NotingFailures(function, self.strategy), *args, trainer=trainer, **kwargs)
 
 
@@ -61,13 +61,19 @@ class NotingFailures:
 
 
 class HugePageScriptLauncher(SubprocessScriptLauncher):
-    """Lightning's popen launcher; with ``huge_pages`` the ranks it starts (all but rank 0, the user's own process)
-    start with torch's transparent huge pages on. Under torchrun/SLURM it starts nothing."""
+    """Lightning's popen launcher: the ranks it starts (all but rank 0, the user's own process) know the strategy
+    started them and, with ``huge_pages``, start with torch's transparent huge pages on
+    (:func:`~lightning_gnnpipe.strategy.allocator.launch_environment`); rank 0's fit runs with the user's environment.
+    Under torchrun/SLURM it starts nothing."""
 
     def __init__(self, *args: Any, huge_pages: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.huge_pages = huge_pages
 
     def launch(self, function: Callable, *args: Any, trainer: Optional[Trainer] = None, **kwargs: Any) -> Any:
-        with huge_pages_for_new_processes(self.huge_pages):
-            return super().launch(function, *args, trainer=trainer, **kwargs)
+        with launch_environment(self.huge_pages) as restore:
+            def in_user_environment(*a: Any, **k: Any) -> Any:  # Lightning calls it once the other ranks started
+                restore()
+                return function(*a, **k)
+
+            return super().launch(in_user_environment, *args, trainer=trainer, **kwargs)
