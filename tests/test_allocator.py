@@ -73,10 +73,13 @@ def _threshold_calls(tmp_path, monkeypatch, name, **run):
 
 def test_ranks_the_strategy_started_set_the_threshold_others_warn(tmp_path, monkeypatch):
     """A rank of a launch the strategy made fixes the threshold; one that torchrun started (the forked world) leaves it
-    as it is and says how to set it; ``heap_mmap_threshold=None`` does neither."""
+    as it is and says how to set it (as for the huge pages); ``heap_mmap_threshold=None`` does neither."""
     calls, told = _threshold_calls(tmp_path, monkeypatch, "torchrun")
     assert calls == [] and any(f"set {HEAP_THRESHOLD_ENV}={DEFAULT_HEAP_MMAP_THRESHOLD} in the environment" in w
                                for w in told)
+    if os.environ.get(HUGE_PAGES_ENV) != "1":  # and torchrun started it without torch's huge pages
+        assert any("`huge_pages=True` cannot act in rank 0: this process started with THP_MEM_ALLOC_ENABLE" in w
+                   for w in told)
     monkeypatch.setenv(LAUNCHED_BY_ENV, str(os.getpid()))  # as the launchers mark the processes they start
     calls, told = _threshold_calls(tmp_path, monkeypatch, "launched")
     assert calls == [str(DEFAULT_HEAP_MMAP_THRESHOLD)] * 2 and not any("heap_mmap_threshold" in w for w in told)

@@ -194,8 +194,8 @@ def rank_allocator_settings(heap_mmap_threshold: Optional[int], huge_pages: bool
     Returns:
         ``{"heap_mmap_threshold": why, "huge_pages=True": why}``, only the options that cannot act.
     """
-    why = {"heap_mmap_threshold": None if heap_mmap_threshold is None else apply_heap_mmap_threshold(heap_mmap_threshold),
-           "huge_pages=True": huge_pages_unavailable() if huge_pages else None}
+    heap = None if heap_mmap_threshold is None else apply_heap_mmap_threshold(heap_mmap_threshold)
+    why = {"heap_mmap_threshold": heap, "huge_pages=True": huge_pages_unavailable() if huge_pages else None}
     return {option: reason for option, reason in why.items() if reason is not None}
 
 

@@ -64,7 +64,7 @@ class WholeGraphStrategy(LauncherHook, ParallelStrategy):
         start_method: ``"spawn"`` (default) or ``"popen"``; under torchrun/SLURM the processes already exist.
         process_group_backend: ``"gloo"`` (CPU default) or ``"nccl"`` (GPU default).
         profile_epoch: Record this epoch's training step with ``torch.profiler`` (one Chrome trace per rank).
-        trace_dir: Directory of those traces (default: ``traces/`` in the run directory).
+        trace_dir: Directory of those traces (default: ``traces/`` in the run directory); only with ``profile_epoch``.
         accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin: Set by the
             ``Trainer``, as for Lightning's ``DDPStrategy``; leave them out.
         heap_mmap_threshold: Bytes (default 16 MiB): on Linux with glibc, the ranks this strategy starts (spawn: all;
@@ -79,8 +79,8 @@ class WholeGraphStrategy(LauncherHook, ParallelStrategy):
             torchrun/SLURM set ``THP_MEM_ALLOC_ENABLE=1`` in the job's environment instead.
 
     Raises:
-        ValueError: Unknown ``start_method``, bad ``profile_epoch`` or ``heap_mmap_threshold``, ``huge_pages`` not a
-            bool, ``exchange_timeout`` not a positive ``timedelta``.
+        ValueError: Unknown ``start_method``, bad ``profile_epoch`` or ``heap_mmap_threshold``, ``trace_dir`` without
+            ``profile_epoch``, ``huge_pages`` not a bool, ``exchange_timeout`` not a positive ``timedelta``.
     """
 
     graph_on_host = ("edge_index",)
