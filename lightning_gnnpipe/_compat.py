@@ -2,13 +2,14 @@
 
 Each name below was checked against torch 2.13.0, lightning 2.6.6 and torch_geometric 2.8.1 (the versions
 ``pyproject.toml`` pins). Each comment names the public alternative where one exists and why it is not used.
-Nothing else in the package imports a name that starts with ``_`` from those libraries, or reads a private
-attribute of their objects; ``tests/test_layout.py`` checks it.
+Nothing else in the package imports a name that starts with ``_`` from those libraries, reads a private attribute
+of their objects, or overrides or reads a private member of their classes in a subclass (``tests/test_layout.py``
+checks these three), nor replaces the methods of their objects (:func:`wrap_pipeline_calls` does, here).
 """
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, Callable, List
 
 # Lightning 2.6: the launchers Lightning's own DDPStrategy uses. No public launcher class exists; a strategy
 # that wants spawn/popen/torchrun support has to reuse these (as every strategy in lightning.pytorch does).
@@ -41,14 +42,15 @@ from torch.nn.modules.instancenorm import _InstanceNorm as InstanceNormBase
 __all__ = [
     "BatchNormBase",
     "InstanceNormBase",
+    "LauncherHook",
     "MultiProcessingLauncher",
     "SubprocessScriptLauncher",
     "default_process_group_backend",
     "init_dist_connection",
     "optimizers_to_device",
     "pipeline_stages",
-    "wrap_schedule_loss",
     "sync_ddp_if_available",
+    "wrap_pipeline_calls",
 ]
 
 
@@ -62,11 +64,45 @@ def pipeline_stages(schedule: Any) -> List[Any]:
     return list(schedule._stages) if hasattr(schedule, "_stages") else [schedule._stage]
 
 
-def wrap_schedule_loss(schedule: Any, wrap: Any) -> None:
-    """Replace the schedule's loss call ``schedule._maybe_compute_loss`` (torch 2.13) by ``wrap(original)``.
+STAGE_TRANSFERS = (("get_fwd_send_ops", "stage_activations"), ("get_fwd_recv_ops", "stage_activations"),
+                   ("get_bwd_send_ops", "stage_gradients"), ("get_bwd_recv_ops", "stage_gradients"))
+"""The ``PipelineStage`` methods that build each stage-boundary transfer (``dist.P2POp`` lists), with what they carry."""
 
-    Used only to time the loss for the pipeline timeline (:mod:`~lightning_gnnpipe.pipeline.recorder`); the
-    public ``loss_fn`` is the strategy's own and is timed there too, but the schedule's call also covers the
-    target bookkeeping around it.
+STAGE_COMPUTE = (("forward_one_chunk", "fwd"), ("backward_one_chunk", "bwd"), ("backward_weight_one_chunk", "bwd"))
+"""The ``PipelineStage`` methods that compute one chunk (the zero-bubble schedules' weight pass counts as backward)."""
+
+
+def wrap_pipeline_calls(schedule: Any, transfers: Callable[[Callable, str], Callable],
+                        compute: Callable[[Callable, str], Callable]) -> None:
+    """Replace, on every stage of ``schedule``, the methods its schedule calls for each transfer and each chunk.
+
+    torch 2.13's schedules build every stage-boundary transfer by calling the stage's :data:`STAGE_TRANSFERS`
+    methods, compute through :data:`STAGE_COMPUTE`, and the loss through ``schedule._maybe_compute_loss``; no
+    public callback exists. Each method ``m`` of those becomes ``transfers(m, kind)`` (``kind``:
+    ``"stage_activations"`` or ``"stage_gradients"``) or ``compute(m, action)`` (``action``: ``"fwd"``,
+    ``"bwd"``, ``"loss"``) on that object only. Used by :mod:`~lightning_gnnpipe.pipeline.recorder` to count the
+    bytes that cross a boundary and time each chunk's compute.
     """
-    schedule._maybe_compute_loss = wrap(schedule._maybe_compute_loss)
+    for stage in pipeline_stages(schedule):
+        for name, kind in STAGE_TRANSFERS:
+            setattr(stage, name, transfers(getattr(stage, name), kind))
+        for name, action in STAGE_COMPUTE:
+            setattr(stage, name, compute(getattr(stage, name), action))
+    schedule._maybe_compute_loss = compute(schedule._maybe_compute_loss, "loss")
+
+
+class LauncherHook:
+    """Give a Lightning strategy its launcher through Lightning 2.6's private hook.
+
+    Lightning's accelerator connector calls ``Strategy._configure_launcher()`` once the strategy has its cluster
+    environment, and ``Strategy.launcher`` returns what the hook stored in ``Strategy._launcher``. No public route
+    exists (every strategy in ``lightning.pytorch.strategies`` overrides the hook). A strategy that lists this class
+    before its Lightning base implements :meth:`make_launcher` instead.
+    """
+
+    def _configure_launcher(self) -> None:
+        self._launcher = self.make_launcher()
+
+    def make_launcher(self) -> Any:
+        """Return the launcher Lightning starts the processes with (``None``: run in this process)."""
+        raise NotImplementedError

@@ -22,8 +22,8 @@ from tests.scenarios import FailingGCN
 
 
 class _ForkLaunchedStrategy(GNNPipeStrategy):
-    def _configure_launcher(self) -> None:
-        self._launcher = CheckedMultiProcessingLauncher(self, start_method="fork")
+    def make_launcher(self) -> CheckedMultiProcessingLauncher:
+        return CheckedMultiProcessingLauncher(self, start_method="fork")
 
 
 def main(mode: str, timeout_s: float, start_method: str = "spawn") -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import warnings
 import sys
 import time
 from datetime import timedelta
@@ -141,6 +142,14 @@ def fit_rank(module, datamodule, devices: int, epochs: int, strategy_kwargs: Opt
 def losses_job(module, datamodule, devices: int, epochs: int, **kwargs: Any) -> List[float]:
     """Fit and return this rank's per-epoch training losses."""
     return fit_rank(module, datamodule, devices, epochs, **kwargs)["losses"]
+
+
+def warnings_job(module, datamodule, devices: int, epochs: int, **kwargs: Any) -> List[str]:
+    """Fit and return the message of every warning this rank gave (``rank_zero_warn``: rank 0's)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit_rank(module, datamodule, devices, epochs, **kwargs)
+    return [str(w.message) for w in caught]
 
 
 def callbacks_job(module, datamodule, devices: int, epochs: int, directory: str) -> Dict[str, Any]:

@@ -12,10 +12,13 @@ import pytest
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy
 from lightning_gnnpipe import _compat
-from lightning_gnnpipe.strategy import base
-from lightning_gnnpipe.strategy.allocator import DEFAULT_HEAP_MMAP_THRESHOLD, HUGE_PAGES_ENV
+from lightning_gnnpipe.strategy import allocator
+from lightning_gnnpipe.strategy.allocator import (DEFAULT_HEAP_MMAP_THRESHOLD, HEAP_THRESHOLD_ENV, HUGE_PAGES_ENV,
+                                                  LAUNCHED_BY_ENV, apply_heap_mmap_threshold, started_by_strategy)
 from lightning_gnnpipe.strategy.launcher import CheckedMultiProcessingLauncher, HugePageScriptLauncher
 from tests.helpers import GCNModule, fit, sbm_graph
+from tests.scenarios import warnings_job
+from tests.world import run_world, values
 
 PROBE = textwrap.dedent("""
     import ctypes, sys
@@ -30,7 +33,7 @@ PROBE = textwrap.dedent("""
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = Mallinfo2
     if sys.argv[1] == "fixed":
-        assert set_heap_mmap_threshold(16 * 2**20)
+        assert set_heap_mmap_threshold(16 * 2**20) is None
     big = torch.empty(30 * 2**20, dtype=torch.uint8)
     del big  # a freed 30 MiB mapping: glibc's dynamic threshold follows it
     before = libc.mallinfo2().hblkhd
@@ -53,22 +56,48 @@ def test_fixed_threshold_maps_a_chunk_sized_tensor_that_the_default_puts_on_the_
     assert _mapped_bytes("fixed") >= 20 * 2**20  # its own mapping: returned to the OS when freed
 
 
-def test_every_rank_sets_the_threshold_before_training(tmp_path, monkeypatch):
-    log = tmp_path / "calls"
+def _threshold_calls(tmp_path, monkeypatch, name, **run):
+    """Fit in a forked world; return the thresholds its ranks set and the warnings rank 0 gave."""
+    log = tmp_path / f"{name}.calls"
 
     def record(nbytes):
         with open(log, "a") as f:
             f.write(f"{nbytes}\n")
-        return True
+        return None
 
-    monkeypatch.setattr(base, "set_heap_mmap_threshold", record)  # the forked ranks inherit it
+    monkeypatch.setattr(allocator, "set_heap_mmap_threshold", record)  # the forked ranks inherit it
     dm = GraphChunkDataModule(sbm_graph(200), num_chunks=2)
-    fit(str(tmp_path / "a"), GCNModule(16, 16, 4, 4), dm, devices=2, strategy=GNNPipeStrategy(), epochs=1)
-    assert log.read_text().split() == [str(DEFAULT_HEAP_MMAP_THRESHOLD)] * 2
-    log.unlink()
-    fit(str(tmp_path / "b"), GCNModule(16, 16, 4, 4), dm, devices=2,
-        strategy=GraphParallelStrategy(heap_mmap_threshold=None), epochs=1)
-    assert not log.exists()
+    told = values(run_world(2, warnings_job, GCNModule(16, 16, 4, 4), dm, 2, 1, **run))[0]
+    return (log.read_text().split() if log.exists() else []), told
+
+
+def test_ranks_the_strategy_started_set_the_threshold_others_warn(tmp_path, monkeypatch):
+    """A rank of a launch the strategy made fixes the threshold; one that torchrun started (the forked world) leaves it
+    as it is and says how to set it (as for the huge pages); ``heap_mmap_threshold=None`` does neither."""
+    calls, told = _threshold_calls(tmp_path, monkeypatch, "torchrun")
+    assert calls == [] and any(f"set {HEAP_THRESHOLD_ENV}={DEFAULT_HEAP_MMAP_THRESHOLD} in the environment" in w
+                               for w in told)
+    if os.environ.get(HUGE_PAGES_ENV) != "1":  # and torchrun started it without torch's huge pages
+        assert any("`huge_pages=True` cannot act in rank 0: this process started with THP_MEM_ALLOC_ENABLE" in w
+                   for w in told)
+    monkeypatch.setenv(LAUNCHED_BY_ENV, str(os.getpid()))  # as the launchers mark the processes they start
+    calls, told = _threshold_calls(tmp_path, monkeypatch, "launched")
+    assert calls == [str(DEFAULT_HEAP_MMAP_THRESHOLD)] * 2 and not any("heap_mmap_threshold" in w for w in told)
+    calls, told = _threshold_calls(tmp_path, monkeypatch, "none", strategy_cls=GraphParallelStrategy,
+                                   strategy_kwargs={"heap_mmap_threshold": None})
+    assert calls == [] and not any("heap_mmap_threshold" in w for w in told)
+
+
+def test_threshold_only_in_processes_the_strategy_started(monkeypatch):
+    calls = []
+    monkeypatch.setattr(allocator, "set_heap_mmap_threshold", lambda n: calls.append(n) or "refused")
+    mine, other = {LAUNCHED_BY_ENV: str(os.getpid())}, {LAUNCHED_BY_ENV: str(os.getpid() + 1)}
+    assert not started_by_strategy({}) and not started_by_strategy(mine) and started_by_strategy(other)
+    assert apply_heap_mmap_threshold(4096, other) == "refused" and calls == [4096]  # the reason is handed on
+    assert "set MALLOC_MMAP_THRESHOLD_=4096 in the environment" in apply_heap_mmap_threshold(4096, mine)
+    assert apply_heap_mmap_threshold(4096, {HEAP_THRESHOLD_ENV: "65536"}) is None  # set when the process started
+    assert apply_heap_mmap_threshold(4096, {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}) is None
+    assert calls == [4096]
 
 
 @pytest.mark.parametrize("bad", [0, 2**30, 1.5, True, "16M"])
@@ -113,21 +142,29 @@ def test_a_process_started_with_the_variable_backs_large_tensors_with_huge_pages
                                                  (HugePageScriptLauncher, _compat.SubprocessScriptLauncher)])
 @pytest.mark.parametrize("huge_pages,preset,seen", [(True, None, "1"), (False, None, None), (True, "0", "0")])
 def test_launchers_start_ranks_with_huge_pages(monkeypatch, launcher_cls, parent, huge_pages, preset, seen):
-    """The spawn and popen launchers start their processes with ``THP_MEM_ALLOC_ENABLE=1`` while they launch (a
-    value the user set stays), and leave the environment as it was."""
+    """The spawn and popen launchers start their processes with ``THP_MEM_ALLOC_ENABLE=1`` (a value the user set
+    stays) and their mark; under popen rank 0's fit, in the launching process, runs with the user's environment (so
+    ``huge_pages`` warns there); afterwards the environment is as it was."""
     monkeypatch.delenv(HUGE_PAGES_ENV, raising=False)
     if preset is not None:
         monkeypatch.setenv(HUGE_PAGES_ENV, preset)
-    environments = []
-    monkeypatch.setattr(parent, "launch", lambda self, fn, *a, **k: environments.append(os.environ.get(HUGE_PAGES_ENV)))
+    started, in_fit = [], []
+
+    def launch(self, fn, *a, **k):  # Lightning's: start the ranks (they copy the environment), then run rank 0's fit
+        started.append((os.environ.get(HUGE_PAGES_ENV), os.environ.get(LAUNCHED_BY_ENV)))
+        fn(lambda: in_fit.append((os.environ.get(HUGE_PAGES_ENV), os.environ.get(LAUNCHED_BY_ENV))))
+
+    monkeypatch.setattr(parent, "launch", launch)
     strategy = GNNPipeStrategy(huge_pages=huge_pages)
     if launcher_cls is CheckedMultiProcessingLauncher:
         launcher = launcher_cls(strategy)
     else:
         launcher = launcher_cls(None, 2, 1, huge_pages=strategy.huge_pages)
-    launcher.launch(print, trainer=None)
-    assert environments == [seen]
-    assert os.environ.get(HUGE_PAGES_ENV) == preset
+    launcher.launch(lambda record: record(), trainer=None)
+    assert started == [(seen, str(os.getpid()))]
+    # spawn: the function runs in the spawned ranks, with what they started with; popen: in this process
+    assert in_fit == started if launcher_cls is CheckedMultiProcessingLauncher else in_fit == [(preset, None)]
+    assert os.environ.get(HUGE_PAGES_ENV) == preset and LAUNCHED_BY_ENV not in os.environ
 
 
 def test_the_strategy_picks_the_popen_launcher_with_its_setting():

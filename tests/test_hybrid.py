@@ -100,30 +100,6 @@ def test_bad_hybrid_layouts_fail_before_spawn(graph):
             trainer.fit(GCNModule(16, 32, 4, 4), datamodule=dm)
 
 
-def test_hybrid_resume_equals_the_uninterrupted_run(tmp_path, graph):
-    """2 stages x 2 partitions with dropout: a run resumed after epoch 2 from a checkpoint with every pipeline's
-    history tables and every rank's generators continues bit for bit like the uninterrupted run."""
-    import functools
-
-    from lightning_gnnpipe.strategy.checkpoint import CHECKPOINT_KEY, read_history_tables
-    from tests.scenarios import DropoutGCN, losses_job
-    from tests.world import run_world, values
-
-    dm = GraphChunkDataModule(graph, num_chunks=8, num_parts=2)
-    model = functools.partial(DropoutGCN, 16, 32, 4, 4)
-    opts = {"save_history": True, "graph_parallel_size": 2}
-    ckpt = tmp_path / "ckpt"
-    full = values(run_world(4, losses_job, model(), dm, 4, 5, ckpt_dir=str(ckpt), strategy_kwargs=opts))[0]
-    resumed = values(run_world(4, losses_job, model(), dm, 4, 5, ckpt_path=str(ckpt / "epoch=1.ckpt"),
-                               strategy_kwargs=opts))[0]
-    assert len(full) == 5 and resumed == full[2:]  # bit for bit
-    state = torch.load(ckpt / "epoch=1.ckpt", weights_only=True)[CHECKPOINT_KEY]
-    assert len(state["rng_states"]) == 4 and state["graph_parallel_size"] == 2
-    tables = read_history_tables(ckpt / "epoch=1.ckpt")  # every rank wrote its own
-    assert sorted(tables) == [f"partition{g}/layer{layer}" for g in (0, 1) for layer in (1, 2, 3)]
-    assert not torch.equal(tables["partition0/layer1"], tables["partition1/layer1"])  # each pipeline: its own view
-
-
 def test_hybrid_rank_keeps_its_partition_tables_and_graph(tmp_path, graph):
     """Each hybrid rank's history tables hold its partition and that partition's halo (not |V|), and its chunk graphs
     only its partition's chunks: at most 1/G of the pure pipeline's tables plus the halo rows; G = 2 keeps under 0.6x

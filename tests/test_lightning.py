@@ -1,4 +1,4 @@
-"""Lightning integration: logging, TensorBoard, checkpoints, resume, registry name."""
+"""Lightning integration: logging, TensorBoard, checkpoints, registry name (resume: ``tests/test_checkpoint.py``)."""
 
 import glob
 import os
@@ -69,25 +69,6 @@ def test_tensorboard_run_and_checkpoint(tmp_path, graph):
     opt_state = state["optimizer_states"][0]["state"]
     assert sorted(opt_state) == list(range(num_params))  # every stage's Adam state
     assert all(int(s["step"]) == 4 for s in opt_state.values())
-
-
-def test_resume_restores_optimizer_state(tmp_path, graph):
-    # K = 1 has no staleness, so a resumed run must continue exactly like an uninterrupted one.
-    dm = GraphChunkDataModule(graph, num_chunks=1)
-    full = fit(str(tmp_path / "full"), GCNModule(16, 32, 4, 4), dm, strategy=GNNPipeStrategy(), epochs=5)[0]
-    first = _trainer(tmp_path, 3, logger=False, callbacks=[ModelCheckpoint(dirpath=str(tmp_path / "c"),
-                                                                           save_last=True)],
-                     limit_val_batches=0)
-    first.fit(GCNModule(16, 32, 4, 4), datamodule=dm)
-    second = _trainer(tmp_path, 5, logger=False, callbacks=[MetricRecorder(str(tmp_path / "resumed")),
-                                                            ModelCheckpoint(dirpath=str(tmp_path / "c2"),
-                                                                            save_last=True)],
-                      limit_val_batches=0)
-    second.fit(GCNModule(16, 32, 4, 4), datamodule=dm, ckpt_path=str(tmp_path / "c" / "last.ckpt"))
-    resumed = read_metrics(str(tmp_path / "resumed"))
-    torch.testing.assert_close(losses(resumed), losses(full)[3:], atol=1e-6, rtol=0)
-    state = torch.load(str(tmp_path / "c2" / "last.ckpt"), weights_only=False)
-    assert all(int(s["step"]) == 5 for s in state["optimizer_states"][0]["state"].values())
 
 
 def test_registered_name(tmp_path, graph):

@@ -29,6 +29,10 @@ def pna(data, hidden=16, num_layers=3):
 
 
 ZOO = {
+    "gcn": lambda d: GCN(F_IN, 32, 4, C),
+    "sage": lambda d: GraphSAGE(F_IN, 32, 3, C),
+    "gat": lambda d: GAT(F_IN, 16, 3, C, heads=2),
+    "gin": lambda d: GIN(F_IN, 32, 3, C),
     "gcn_dropout": lambda d: GCN(F_IN, 32, 4, C, dropout=0.5),
     "sage_batchnorm": lambda d: GraphSAGE(F_IN, 32, 3, C, norm="batch_norm"),
     "gin_layernorm": lambda d: GIN(F_IN, 32, 3, C, norm="layer_norm", norm_kwargs={"mode": "node"}),

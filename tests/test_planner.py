@@ -1,19 +1,103 @@
-"""The layout planner's cost model."""
+"""The layout planner's cost model, against figures worked out by hand on a path graph."""
+
+import time
 
 import pytest
 import torch
-from torch_geometric.nn.models import GCN
+from torch import nn
 
-from lightning_gnnpipe import find_layer_stack
-from lightning_gnnpipe.planner.cost import estimate_layouts, format_table, measure_layer_seconds, recommend
-from lightning_gnnpipe.planner.volume import pipeline_volume
 from lightning_gnnpipe.data.chunk import build_chunk_plan
+from lightning_gnnpipe.planner.cost import LayoutEstimate, estimate_layouts, format_table, measure_layer_seconds, \
+    recommend
 from tests.helpers import sbm_graph
 
 
 @pytest.fixture(scope="module")
 def graph():
     return sbm_graph(num_nodes=400)
+
+
+# The path 0 - 1 - ... - 7, both directions. Chunk of every node for each (K chunks, G partitions) the tests plan:
+PATH = torch.tensor([[i for i in range(7)] + [i + 1 for i in range(7)], [i + 1 for i in range(7)] + list(range(7))])
+PARTS = {(2, 1): [0, 0, 0, 0, 1, 1, 1, 1],
+         (4, 1): [0, 0, 0, 1, 2, 2, 3, 3],  # uneven: M = 3 rows
+         (4, 2): [0, 0, 2, 2, 3, 3, 1, 1]}  # partition 0 = nodes 0-3 (chunks 0, 2), partition 1 = nodes 4-7 (1, 3)
+# Halo of every chunk (out-of-chunk in-neighbours), read off the path by hand:
+HALOS = {(2, 1): [{4}, {3}], (4, 1): [{3}, {2, 4}, {3, 6}, {5}], (4, 2): [{2}, {5}, {1, 4}, {3, 6}]}
+PARAMS = dict(num_params=10, num_param_tensors=2)  # the all-reduced buffer: 12 values = 48 bytes
+
+
+def path_plan(edge_index, num_nodes, num_chunks, num_parts=1):
+    return build_chunk_plan(edge_index, num_nodes, num_chunks, part=torch.tensor(PARTS[num_chunks, num_parts]))
+
+
+@pytest.mark.parametrize("key", sorted(PARTS))
+def test_the_hand_worked_halos_are_the_paths(key):
+    """The halos the figures below rest on, by brute force over the edge list (and as the plan has them)."""
+    part = PARTS[key]
+    brute = [{int(u) for u, v in PATH.t().tolist() if part[v] == c and part[u] != c} for c in range(key[0])]
+    assert brute == HALOS[key]
+    assert [set(h.tolist()) for h in path_plan(PATH, 8, *key).halo] == brute
+
+
+def test_two_processes_by_hand():
+    """dims 3 -> 5 -> 2 (L = 2), layers of 0.3 s and 0.1 s, 1000 bytes/s, on 2 processes.
+
+    GNNPipe, 2 stages [[0], [1]], one boundary of width 5, logits 8 x 2 floats = 64 bytes sent to 1 rank:
+      K = 2 (M = 4): 2 x (2 x 4 rows x 5 x 4 B) + 64 = 384 B; rows read (4 + 1) + (4 + 1) = 10 of 8 nodes, slowest
+      stage 0.3 s x 10/8 x (K + S - 1)/K = 0.5625 s; 384 B / 1 link / 1000 B/s = 0.384 s.
+      K = 4 (M = 3): 2 x (4 x 3 x 5 x 4) + 64 = 544 B; rows (3+1) + (1+2) + (2+2) + (2+1) = 14, 0.3 x 14/8 x 5/4 =
+      0.65625 s; 0.544 s.
+    Graph parallelism, G = 2: halo rows 2, one exchanged layer of width 5 each way: 2 x 40 B; logits all-gathered
+      G (G-1) M C x 4 = 64 B; ring all-reduce of 48 B, 2 (G-1)/G x 48 B per rank = 96 B in all: 240 B over 2 links =
+      0.12 s; compute 0.4 s x the busiest part's 5/8 rows = 0.25 s.
+    """
+    est = estimate_layouts(PATH, 8, [3, 5, 2], [0.3, 0.1], 2, bandwidth=1000.0, chunks_per_stage=(1, 2),
+                           plan_fn=path_plan, **PARAMS)
+    expected = [LayoutEstimate("graph_parallel", 1, 2, 2, 240, 0.25, 0.12),
+                LayoutEstimate("gnnpipe", 2, 1, 2, 384, 0.5625, 0.384),
+                LayoutEstimate("gnnpipe", 2, 1, 4, 544, 0.65625, 0.544)]
+    assert [(e.mode, e.stages, e.graph_parallel, e.chunks, e.bytes_per_epoch) for e in est] == [
+        (e.mode, e.stages, e.graph_parallel, e.chunks, e.bytes_per_epoch) for e in expected]
+    for got, want in zip(est, expected):
+        assert (got.compute_seconds, got.comm_seconds) == pytest.approx((want.compute_seconds, want.comm_seconds))
+
+
+def test_hybrid_on_four_processes_by_hand():
+    """The same model on 4 processes (more than its 2 layers: no GNNPipe).
+
+    Graph parallelism, G = 4 (M = 3): halo rows 1 + 2 + 2 + 1 = 6, 2 x 6 x 5 x 4 = 240 B; logits 4 x 3 x 3 x 2 x 4 =
+      288 B; all-reduce 4 x (2 x 3 x 48 // 4) = 288 B: 816 B over 4 links = 0.204 s; compute 0.4 s x 4/8 = 0.2 s.
+    Hybrid, 2 stages x 2 partitions, K = 4 (M = 2): boundary 2 x (4 x 2 x 5 x 4) = 320 B; logits: each partition's
+      last stage sends 64 B to its first, and the two sum theirs (2 x 64 B) = 256 B; halo rows crossing partitions
+      {4} and {3}: 2 x 5 x 4 = 40 B; gradients of the halo rows read in the same slot (node 4 into chunk 2, node 3
+      into chunk 3): 40 B; each stage all-reduces 6 values over 2 ranks, 2 x 24 B x 2 stages = 96 B: 752 B over 4
+      links = 0.188 s; compute 0.3 s x busiest partition's rows (3 + 4)/8 x (2 + 2 - 1)/2 = 0.39375 s.
+    """
+    est = estimate_layouts(PATH, 8, [3, 5, 2], [0.3, 0.1], 4, bandwidth=1000.0, chunks_per_stage=(1,),
+                           plan_fn=path_plan, **PARAMS)
+    assert [(e.mode, e.stages, e.graph_parallel, e.chunks, e.bytes_per_epoch) for e in est] == [
+        ("graph_parallel", 1, 4, 4, 816), ("hybrid", 2, 2, 4, 752)]  # 0.404 s, 0.58175 s
+    assert [(e.compute_seconds, e.comm_seconds) for e in est] == [pytest.approx((0.2, 0.204)),
+                                                                 pytest.approx((0.39375, 0.188))]
+    with pytest.raises(TypeError, match=r"`plan_fn` takes no `num_parts`, which the hybrid layouts of 4 processes "
+                                        r"need \(G in \[2\]\)"):
+        estimate_layouts(PATH, 8, [3, 5, 2], [0.3, 0.1], 4, bandwidth=1000.0, plan_fn=lambda e, n, k: path_plan(e, n, k))
+
+
+def test_the_link_decides_between_the_modes_of_a_deep_model():
+    """9 layers of width 5 (0.01 s each), 2 processes, by hand: GNNPipe K = 2 (stages of 5 and 4 layers) costs
+    0.05 s x 10/8 x 3/2 = 0.09375 s + 384 B over the link; graph parallelism 0.09 s x 5/8 = 0.05625 s + 800 B over 2
+    links (8 exchanged layers: 2 x 2 x 8 x 5 x 4 = 640 B, logits 64 B, all-reduce 96 B). They cost the same at
+    16 B / 0.0375 s = 426.7 B/s: below it GNNPipe is the faster, above it graph parallelism."""
+    dims = [3] + [5] * 8 + [2]
+    for bandwidth, mode, seconds in ((100.0, "gnnpipe", 0.09375 + 3.84), (1000.0, "graph_parallel", 0.05625 + 0.4)):
+        est = estimate_layouts(PATH, 8, dims, [0.01] * 9, 2, bandwidth=bandwidth, chunks_per_stage=(1, 2),
+                               plan_fn=path_plan, **PARAMS)
+        assert recommend(est) == {"mode": mode, "stages": 2 if mode == "gnnpipe" else 1,
+                                  "graph_parallel": 1 if mode == "gnnpipe" else 2, "chunks": 2}
+        assert est[0].seconds == pytest.approx(seconds)
+        assert "(recommended)" in format_table(est).splitlines()[2]
 
 
 def test_deep_models_favour_gnnpipe_and_slow_links_matter(graph):
@@ -24,13 +108,9 @@ def test_deep_models_favour_gnnpipe_and_slow_links_matter(graph):
     gp = next(e for e in slow if e.mode == "graph_parallel")
     pipe = min((e for e in slow if e.mode == "gnnpipe"), key=lambda e: e.bytes_per_epoch)
     assert gp.bytes_per_epoch > 5 * pipe.bytes_per_epoch
-    # bytes are the analytic volume of the same plan
-    plan = build_chunk_plan(graph.edge_index, 400, pipe.chunks)
-    assert pipe.bytes_per_epoch == sum(pipeline_volume(plan, dims, 4).values())
     # with free communication and a shallow model, no bubble: graph parallelism wins
     fast = estimate_layouts(graph.edge_index, 400, [16, 64, 4], [0.01, 0.01], 2, bandwidth=1e15)
     assert recommend(fast)["mode"] == "graph_parallel"
-    assert "(recommended)" in format_table(fast).splitlines()[2]
 
 
 def test_bad_arguments(graph):
@@ -40,27 +120,26 @@ def test_bad_arguments(graph):
         estimate_layouts(graph.edge_index, 400, [16, 8, 4], [0.1, 0.1], 2, bandwidth=0)
 
 
-def test_measure_layer_seconds(graph):
-    torch.manual_seed(0)
-    gnn = GCN(16, 32, 3, 4)
-    blocks = find_layer_stack(gnn).blocks
-    times = measure_layer_seconds(blocks, graph.x, graph.edge_index, repeats=2)
-    assert len(times) == 3 and all(t > 0 for t in times)
-    assert all(p.grad is None for p in gnn.parameters())
+class _Sleep(nn.Module):
+    """Doubles its input after sleeping ``seconds``; records the mean of every input it gets."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds, self.seen = seconds, []
+        self.scale = nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x, edge_index):
+        self.seen.append(float(x.detach().mean()))
+        time.sleep(self.seconds)
+        return x * self.scale
 
 
-def test_hybrid_layouts_are_estimated(graph):
-    from lightning_gnnpipe.planner.volume import hybrid_volume
-    from lightning_gnnpipe.data.partition import nested_partition
-
-    dims = [16] + [64] * 8
-    est = estimate_layouts(graph.edge_index, 400, dims, [0.01] * 8, 4, bandwidth=1e8, chunks_per_stage=(2,))
-    assert {(e.mode, e.stages, e.graph_parallel) for e in est} == {
-        ("gnnpipe", 4, 1), ("graph_parallel", 1, 4), ("hybrid", 2, 2)}
-    hybrid = next(e for e in est if e.mode == "hybrid")
-    plan = build_chunk_plan(graph.edge_index, 400, 8, part=nested_partition(graph.edge_index, 400, 2, 4))
-    assert hybrid.chunks == 8
-    assert hybrid.bytes_per_epoch == sum(hybrid_volume(plan, dims, 2, 2, [True] * 8, [0, 0]).values())
+def test_measure_layer_seconds_times_each_block_on_the_previous_output():
+    blocks = [_Sleep(0.05), _Sleep(0.15)]
+    times = measure_layer_seconds(blocks, torch.ones(4, 3), torch.zeros(2, 0, dtype=torch.long), repeats=2)
+    assert 0.05 <= times[0] < 0.05 + 0.1 and 0.15 <= times[1] < 0.15 + 0.1  # the sleep, plus at most 0.1 s
+    assert blocks[0].seen == [1.0] * 3 and blocks[1].seen == [2.0] * 3  # 2 timed runs + 1 to pass the output on
+    assert all(p.grad is None for b in blocks for p in b.parameters())
 
 
 def _bandwidth_worker(rank: int, store_path: str, out: str) -> None:

@@ -122,7 +122,8 @@ def test_precision_checks_and_wrapper(graph):
     plugin = MixedPrecision("bf16-mixed", "cpu")
     wrapped = global_norm_clipping(plugin)
     assert isinstance(wrapped, MixedPrecision) and type(plugin) is MixedPrecision  # the original is untouched
-    assert type(wrapped).__qualname__ == "MixedPrecision"  # checkpoints key plugin state by this name
+    # no state, so Lightning writes no entry of the plugin into a checkpoint (as for a single device's)
+    assert wrapped.state_dict() == {} and global_norm_clipping(Precision()).state_dict() == {}
     assert type(global_norm_clipping(wrapped)) is type(wrapped)
     check_precision(wrapped)
     trainer = Trainer(accelerator="cpu", devices=2, strategy=GraphParallelStrategy(), precision="bf16-true",
@@ -131,3 +132,30 @@ def test_precision_checks_and_wrapper(graph):
         trainer.fit(GCNModule(F_IN, HIDDEN, LAYERS, CLASSES), datamodule=GraphChunkDataModule(graph, num_chunks=2))
     with pytest.raises(ValueError, match=r"`profile_epoch` must be None or an int >= 0 epochs \(got -1\)"):
         GNNPipeStrategy(profile_epoch=-1)
+
+
+@pytest.mark.parametrize("strategy_cls", [GNNPipeStrategy, GraphParallelStrategy])
+def test_trace_dir_needs_a_profile_epoch(strategy_cls, tmp_path):
+    with pytest.raises(ValueError, match=r"`trace_dir` \('traces'\) is set but `profile_epoch` is None, so no trace "
+                                         r"would be written\. Pass profile_epoch=<epoch>"):
+        strategy_cls(trace_dir="traces")
+    assert strategy_cls(trace_dir="traces", profile_epoch=0).insight.trace_dir == "traces"
+
+
+@pytest.mark.parametrize("epoch,start,warns", [(3, 0, True), (0, 1, True), (2, 0, False), (1, 1, False)])
+def test_a_profile_epoch_the_fit_does_not_train_warns(epoch, start, warns, tmp_path):
+    """``max_epochs=3`` trains epochs 0-2; a resumed fit starts at ``start``."""
+    import warnings
+    from types import SimpleNamespace
+
+    trainer = SimpleNamespace(max_epochs=3, current_epoch=start, log_dir=str(tmp_path), default_root_dir=str(tmp_path))
+    insight = GNNPipeStrategy(profile_epoch=epoch).insight
+    if warns:
+        with pytest.warns(UserWarning, match=rf"`profile_epoch` \({epoch}\) is not among the epochs this fit trains "
+                                             rf"\({start} to 2\), so no trace is written"):
+            insight.on_train_start(trainer, None)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            insight.on_train_start(trainer, None)
+    assert insight.trace_dir == str(tmp_path / "traces")

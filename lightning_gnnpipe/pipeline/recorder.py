@@ -6,7 +6,8 @@ of the stage, and the schedule runs them. Wrapping those four methods of *this* 
 counts exactly the tensors that cross the boundary. Wrapping ``forward_one_chunk``,
 ``backward_one_chunk`` (and ``backward_weight_one_chunk``, the zero-bubble schedules' weight pass) and
 the schedule's loss call gives a timeline of compute events; what is
-left of the step is time spent blocked on the neighbours:
+left of the step is time spent blocked on the neighbours. torch offers no callback for either, so the wrapping
+relies on how its schedules call their stages: it lives in :func:`~lightning_gnnpipe._compat.wrap_pipeline_calls`.
 
 * bubble (fill and drain): the gap before the first forward, the gap before the first
   backward, and the gap after the last backward until the step ends;
@@ -27,7 +28,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from lightning_gnnpipe._compat import pipeline_stages, wrap_schedule_loss
+from lightning_gnnpipe._compat import wrap_pipeline_calls
 from lightning_gnnpipe.comm.accounting import CommStats, StepClock, nbytes
 
 __all__ = ["PipelineRecorder", "StepClock"]
@@ -50,14 +51,7 @@ class PipelineRecorder:
         self.events: List[Tuple[str, float, float]] = []  # (action, start s, end s) from the step's start
         self._marks: List[Tuple[str, Any, Any]] = []
         self._t0: Any = 0.0
-        for stage in pipeline_stages(schedule):
-            for name, kind in (("get_fwd_send_ops", "stage_activations"), ("get_fwd_recv_ops", "stage_activations"),
-                               ("get_bwd_send_ops", "stage_gradients"), ("get_bwd_recv_ops", "stage_gradients")):
-                setattr(stage, name, self._counting(getattr(stage, name), kind))
-            stage.forward_one_chunk = self._timed(stage.forward_one_chunk, "fwd")
-            stage.backward_one_chunk = self._timed(stage.backward_one_chunk, "bwd")
-            stage.backward_weight_one_chunk = self._timed(stage.backward_weight_one_chunk, "bwd")
-        wrap_schedule_loss(schedule, lambda method: self._timed(method, "loss"))
+        wrap_pipeline_calls(schedule, self._counting, self._timed)
 
     def _counting(self, method: Callable, kind: str) -> Callable:
         def wrapped(*args: Any, **kwargs: Any):

@@ -16,6 +16,7 @@ A cost model, not a measurement: per-epoch time = compute + communication, where
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
@@ -61,6 +62,22 @@ def _halo_ratio(plan: ChunkPlan) -> List[float]:
     return [(int(a.numel()) + int(b.numel())) / n for a, b in zip(plan.nodes, plan.halo)]
 
 
+def layout_plan(edge_index: Tensor, num_nodes: int, num_chunks: int, num_parts: int = 1) -> ChunkPlan:
+    """Return the chunk plan a layout trains on: ``K`` METIS chunks, or with ``G = num_parts > 1`` (hybrid) ``G``
+    partitions of ``K / G`` chunks each, chunk ``c`` in partition ``c % G``
+    (:func:`~lightning_gnnpipe.data.partition.nested_partition`)."""
+    part = nested_partition(edge_index, num_nodes, num_parts, num_chunks // num_parts) if num_parts > 1 else None
+    return build_chunk_plan(edge_index, num_nodes, num_chunks, part=part)
+
+
+def _takes_num_parts(plan_fn: Callable) -> bool:
+    try:
+        params = inspect.signature(plan_fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: let the call tell
+        return True
+    return any(p.name == "num_parts" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
 def estimate_layouts(
     edge_index: Tensor,
     num_nodes: int,
@@ -71,7 +88,7 @@ def estimate_layouts(
     chunks_per_stage: Sequence[int] = (2, 4, 8),
     num_params: int = 0,
     num_param_tensors: int = 0,
-    plan_fn: Callable[[Tensor, int, int], ChunkPlan] = build_chunk_plan,
+    plan_fn: Callable[..., ChunkPlan] = layout_plan,
 ) -> List[LayoutEstimate]:
     """Estimate GNNPipe (``S = P``), graph parallelism (``G = P``) and hybrid (``S G = P``) on ``P`` processes.
 
@@ -84,12 +101,17 @@ def estimate_layouts(
         bandwidth: Point-to-point bandwidth (bytes per second).
         chunks_per_stage: GNNPipe candidates ``K = k * S`` (hybrid: ``K = k * S * G``).
         num_params, num_param_tensors: Trainable values and tensors (graph parallelism's all-reduce).
+        plan_fn: Returns the chunk plan of every candidate: ``plan_fn(edge_index, num_nodes, K)`` for GNNPipe and graph
+            parallelism, ``plan_fn(edge_index, num_nodes, K, num_parts=G)`` for hybrid layouts (chunk ``c`` in
+            partition ``c % G``). Default :func:`layout_plan`; pass a cached one to plan each ``K`` once.
 
     Returns:
         Estimates sorted by estimated epoch time, fastest first.
 
     Raises:
         ValueError: If ``len(layer_seconds) != len(dims) - 1`` or ``bandwidth <= 0``.
+        TypeError: If hybrid layouts are estimated (``P`` has a divisor ``G`` in ``[2, P)`` with ``P / G <= L``) and
+            ``plan_fn`` takes no ``num_parts``.
     """
     num_layers = len(dims) - 1
     if len(layer_seconds) != num_layers:
@@ -97,6 +119,11 @@ def estimate_layouts(
     if bandwidth <= 0:
         raise ValueError(f"estimate_layouts: `bandwidth` must be > 0 bytes/s (got {bandwidth}).")
     p = num_processes
+    hybrid = [g for g in range(2, p) if p % g == 0 and p // g <= num_layers]
+    if hybrid and not _takes_num_parts(plan_fn):
+        raise TypeError(f"estimate_layouts: `plan_fn` takes no `num_parts`, which the hybrid layouts of {p} processes "
+                        f"need (G in {hybrid}) (got {getattr(plan_fn, '__name__', plan_fn)!r}). Accept `num_parts` "
+                        "(chunk c in partition c % G, as `layout_plan`), or estimate fewer processes.")
     out: List[LayoutEstimate] = []
     if p <= num_layers:
         stages = split_layers(num_layers, p)
@@ -113,24 +140,21 @@ def estimate_layouts(
     graph_layers = [True] * num_layers
     volume = sum(graph_parallel_volume(plan, list(dims), graph_layers, num_params, num_param_tensors).values())
     out.append(LayoutEstimate("graph_parallel", 1, p, p, volume, compute, volume / p / bandwidth if p > 1 else 0.0))
-    for g in range(2, p):
-        if p % g or p // g > num_layers:
-            continue
+    for g in hybrid:
         out += _hybrid_estimates(edge_index, num_nodes, list(dims), layer_seconds, p // g, g, bandwidth,
-                                 chunks_per_stage, num_params + num_param_tensors)
+                                 chunks_per_stage, num_params + num_param_tensors, plan_fn)
     return sorted(out, key=lambda e: e.seconds)
 
 
 def _hybrid_estimates(edge_index: Tensor, num_nodes: int, dims: List[int], layer_seconds: Sequence[float],
                       s: int, g: int, bandwidth: float, chunks_per_stage: Sequence[int],
-                      flat_params: int) -> List[LayoutEstimate]:
+                      flat_params: int, plan_fn: Callable[..., ChunkPlan]) -> List[LayoutEstimate]:
     stages = split_layers(len(dims) - 1, s)
     slowest_stage = max(sum(layer_seconds[i] for i in st) for st in stages)
     out = []
     for k in chunks_per_stage:
         chunks = k * s * g
-        part = nested_partition(edge_index, num_nodes, g, chunks // g)
-        plan = build_chunk_plan(edge_index, num_nodes, chunks, part=part)
+        plan = plan_fn(edge_index, num_nodes, chunks, num_parts=g)
         ratios = _halo_ratio(plan)
         busiest = max(sum(ratios[c] for c in range(q, chunks, g)) for q in range(g))
         micro = chunks // g

@@ -1,4 +1,4 @@
-"""The allocator settings of every rank: large tensors in their own memory mappings (glibc ``M_MMAP_THRESHOLD``),
+"""The allocator settings of the ranks: large tensors in their own memory mappings (glibc ``M_MMAP_THRESHOLD``),
 backed by transparent huge pages (torch's ``THP_MEM_ALLOC_ENABLE``).
 
 On Linux, torch's CPU tensors come from glibc ``malloc``. A block of at least ``M_MMAP_THRESHOLD`` bytes gets its own
@@ -12,6 +12,12 @@ advises its CPU blocks of 2 MiB and more as transparent huge pages when its envi
 ``THP_MEM_ALLOC_ENABLE=1`` is set at the start of the process; then a fault maps 2 MiB at once. The strategies set it
 for the ranks they start (``huge_pages``); with it, the threshold changed neither epoch time nor memory on that graph.
 Measured figures, with the commands: ``docs/results/notes/memory.md``.
+
+Both settings last as long as the process: torch reads ``THP_MEM_ALLOC_ENABLE`` when it starts, and glibc can neither
+report a fixed threshold nor go back to its dynamic one. So the strategies apply them only in the processes their
+launchers start (:func:`launch_environment`, :func:`started_by_strategy`), never in one the user owns (the process
+that calls ``fit``, ranks started by torchrun or SLURM): there the job's environment sets them when the process starts
+(``THP_MEM_ALLOC_ENABLE=1``, ``MALLOC_MMAP_THRESHOLD_=16777216``), and the strategies warn where it does not.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import mmap
 import os
 import sys
 from contextlib import contextmanager
-from typing import Iterable, Iterator, Optional
+from typing import Callable, Dict, Iterable, Iterator, Mapping, Optional
 
 from torch import Tensor
 
@@ -46,45 +52,108 @@ def check_heap_mmap_threshold(value: object, owner: str) -> Optional[int]:
     return value
 
 
-def set_heap_mmap_threshold(nbytes: int) -> bool:
+def set_heap_mmap_threshold(nbytes: int) -> Optional[str]:
     """Fix glibc's ``M_MMAP_THRESHOLD`` of this process to ``nbytes`` (``mallopt``; no dynamic raise afterwards).
 
+    For good: glibc keeps no way to read the threshold back, and once fixed it never returns to its dynamic threshold
+    (``mallopt(3)``). The strategies call it only through :func:`apply_heap_mmap_threshold`.
+
     Returns:
-        ``True`` if set; ``False`` off Linux or without glibc (nothing changes).
+        ``None`` if set; otherwise why not (off Linux, a C library without ``mallopt``, or glibc refused the value).
     """
     if not sys.platform.startswith("linux"):
-        return False
+        return "glibc's mallopt exists on Linux only"
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # musl and other C libraries without mallopt
-        return False
+        return "this C library has no mallopt (it is not glibc)"
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, int(nbytes)))
+    if not mallopt(M_MMAP_THRESHOLD, int(nbytes)):
+        return f"glibc refused mallopt(M_MMAP_THRESHOLD, {int(nbytes)})"
+    return None
+
+
+HEAP_THRESHOLD_ENV = "MALLOC_MMAP_THRESHOLD_"
+"""glibc's environment variable for the same threshold, read once, when a process starts (``mallopt(3)``)."""
+
+
+def apply_heap_mmap_threshold(nbytes: int, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Fix the threshold at ``nbytes`` (:func:`set_heap_mmap_threshold`) if a launcher of the strategies started this
+    process; return why it is not fixed, or ``None``.
+
+    Fixing it cannot be undone, so it is done only in processes the strategies' launchers started
+    (:func:`started_by_strategy`: spawn's ranks, which end with the fit; popen's ranks other than 0, copies of the
+    user's script), never in a process the user owns: the one that calls ``fit`` (popen's rank 0) or a rank that
+    torchrun or SLURM started. There the environment can set it when the process starts (:data:`HEAP_THRESHOLD_ENV`,
+    or ``glibc.malloc.mmap_threshold`` in ``GLIBC_TUNABLES``); if it does, ``None`` is returned.
+
+    Args:
+        nbytes: Bytes.
+        environ: This process's environment (default: ``os.environ``; tests pass another).
+    """
+    env = os.environ if environ is None else environ
+    if started_by_strategy(env):
+        return set_heap_mmap_threshold(nbytes)
+    if HEAP_THRESHOLD_ENV in env or "glibc.malloc.mmap_threshold" in env.get("GLIBC_TUNABLES", ""):
+        return None
+    return (f"the strategy did not start this process (it calls fit, or torchrun or SLURM started it) and cannot "
+            f"undo the setting in it; set {HEAP_THRESHOLD_ENV}={nbytes} in the environment that starts it, or pass "
+            "heap_mmap_threshold=None")
 
 
 HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
 """torch's switch (read once, at a process's first CPU allocation): ``madvise(MADV_HUGEPAGE)`` on blocks >= 2 MiB."""
 
 
-@contextmanager
-def huge_pages_for_new_processes(enabled: bool = True) -> Iterator[None]:
-    """While open, processes started from this one get ``THP_MEM_ALLOC_ENABLE=1`` in their environment.
+LAUNCHED_BY_ENV = "LIGHTNING_GNNPIPE_LAUNCHED_BY"
+"""Set by the strategies' launchers in the environment of the processes they start: the launching process's id."""
 
-    It takes effect only in a process that starts after it is set (torch reads it once), and only where the kernel's
-    ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise`` or ``always``. A value already in the
-    environment (the user's own, ``0`` included) is left as it is; on exit the environment is as before.
+
+def started_by_strategy(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether a launcher of the strategies started this process (:func:`launch_environment`).
+
+    True in spawn's ranks and popen's ranks other than 0; false in the process that calls ``fit`` and in ranks that
+    torchrun or SLURM started.
+
+    Args:
+        environ: This process's environment (default: ``os.environ``).
+    """
+    value = (os.environ if environ is None else environ).get(LAUNCHED_BY_ENV)
+    return value is not None and value != str(os.getpid())
+
+
+@contextmanager
+def launch_environment(huge_pages: bool = True) -> Iterator[Callable[[], None]]:
+    """While open, processes started from this one get :data:`LAUNCHED_BY_ENV` (this process's id) and, with
+    ``huge_pages``, ``THP_MEM_ALLOC_ENABLE=1`` in their environment.
+
+    ``THP_MEM_ALLOC_ENABLE`` takes effect only in a process that starts after it is set (torch reads it once), and
+    only where the kernel's ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise`` or ``always``. A value
+    already in the environment (the user's own, ``0`` included) is left as it is.
 
     Source: torch's CPU allocator (``c10/core/alloc_cpu.cpp``, ``THP_MEM_ALLOC_ENABLE``), torch 2.13. Raises nothing.
+
+    Yields:
+        A function that gives this process its environment back at once (the popen launcher calls it when its ranks
+        have started, before rank 0's fit runs in this process); on exit the environment is as before either way.
     """
-    if not enabled or HUGE_PAGES_ENV in os.environ:
-        yield
-        return
-    os.environ[HUGE_PAGES_ENV] = "1"
+    saved = {key: os.environ.get(key) for key in (LAUNCHED_BY_ENV, HUGE_PAGES_ENV)}
+
+    def restore() -> None:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+    os.environ[LAUNCHED_BY_ENV] = str(os.getpid())
+    if huge_pages and saved[HUGE_PAGES_ENV] is None:
+        os.environ[HUGE_PAGES_ENV] = "1"
     try:
-        yield
+        yield restore
     finally:
-        os.environ.pop(HUGE_PAGES_ENV, None)
+        restore()
 
 
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -113,6 +182,21 @@ def huge_pages_unavailable(environ: Optional[dict] = None, setting: str = THP_SE
     if "[never]" in mode:
         return f"the kernel's transparent huge pages are off ({setting}: {mode.strip()})"
     return None
+
+
+def rank_allocator_settings(heap_mmap_threshold: Optional[int], huge_pages: bool) -> Dict[str, str]:
+    """Apply a rank's allocator options in its own process; return, by option, why one cannot act there.
+
+    Args:
+        heap_mmap_threshold: Bytes (:func:`apply_heap_mmap_threshold`), or ``None``: nothing to apply.
+        huge_pages: Whether this process should run with torch's huge pages (:func:`huge_pages_unavailable`).
+
+    Returns:
+        ``{"heap_mmap_threshold": why, "huge_pages=True": why}``, only the options that cannot act.
+    """
+    heap = None if heap_mmap_threshold is None else apply_heap_mmap_threshold(heap_mmap_threshold)
+    why = {"heap_mmap_threshold": heap, "huge_pages=True": huge_pages_unavailable() if huge_pages else None}
+    return {option: reason for option, reason in why.items() if reason is not None}
 
 
 MADV_DONTNEED = 4  # <sys/mman.h>, Linux

@@ -12,14 +12,13 @@ runs a training step and computes the exact full-graph logits (:meth:`full_logit
 from __future__ import annotations
 
 import os
-import warnings
+from contextlib import ExitStack
 from datetime import timedelta
 from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
-from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ParallelStrategy
@@ -30,19 +29,19 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torchmetrics import Metric
 
-from lightning_gnnpipe._compat import (default_process_group_backend, init_dist_connection, optimizers_to_device,
-                                       sync_ddp_if_available)
+from lightning_gnnpipe._compat import (LauncherHook, default_process_group_backend, init_dist_connection,
+                                       optimizers_to_device, sync_ddp_if_available)
 from lightning_gnnpipe.comm.accounting import CommStats, StepClock, log_comm
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.nn.stack import LayerStack, infer_dims
-from lightning_gnnpipe.strategy.failures import enable_nccl_error_handling, handle_rank_failure
+from lightning_gnnpipe.strategy.failures import NCCL_ERROR_HANDLING, enable_nccl_error_handling, handle_rank_failure
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.insight import PipelineInsight
 from lightning_gnnpipe.strategy.allocator import (DEFAULT_HEAP_MMAP_THRESHOLD, check_heap_mmap_threshold,
-                                                  huge_pages_unavailable, release_shared_pages,
-                                                  set_heap_mmap_threshold, trim_heap)
+                                                  rank_allocator_settings, release_shared_pages, trim_heap)
 from lightning_gnnpipe.strategy.launcher import CheckedMultiProcessingLauncher, HugePageScriptLauncher
 from lightning_gnnpipe.strategy.precision import autocast_dtype, check_precision
+from lightning_gnnpipe.strategy.process_state import quiet_sync_dist_advice
 
 
 def distributed_is_initialized() -> bool:
@@ -50,7 +49,7 @@ def distributed_is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-class WholeGraphStrategy(ParallelStrategy):
+class WholeGraphStrategy(LauncherHook, ParallelStrategy):
     """Base of :class:`~lightning_gnnpipe.GNNPipeStrategy` and :class:`~lightning_gnnpipe.GraphParallelStrategy`.
 
     Args:
@@ -65,21 +64,23 @@ class WholeGraphStrategy(ParallelStrategy):
         start_method: ``"spawn"`` (default) or ``"popen"``; under torchrun/SLURM the processes already exist.
         process_group_backend: ``"gloo"`` (CPU default) or ``"nccl"`` (GPU default).
         profile_epoch: Record this epoch's training step with ``torch.profiler`` (one Chrome trace per rank).
-        trace_dir: Directory of those traces (default: ``traces/`` in the run directory).
+        trace_dir: Directory of those traces (default: ``traces/`` in the run directory); only with ``profile_epoch``.
         accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin: Set by the
             ``Trainer``, as for Lightning's ``DDPStrategy``; leave them out.
-        heap_mmap_threshold: Bytes (default 16 MiB): on Linux with glibc, every rank gives CPU blocks of this size
-            and more their own memory mapping, returned to the OS when freed, instead of glibc's dynamic threshold
-            (:mod:`~lightning_gnnpipe.strategy.allocator`, with the measured effect). ``None`` leaves the C
-            allocator as it is. Affects the rank's whole process.
+        heap_mmap_threshold: Bytes (default 16 MiB): on Linux with glibc, the ranks this strategy starts (spawn: all;
+            popen: all but rank 0) give CPU blocks of this size and more their own memory mapping, returned to the OS
+            when freed, instead of glibc's dynamic threshold (:mod:`~lightning_gnnpipe.strategy.allocator`, with the
+            measured effect), for the rest of their life. A process it did not start (rank 0 under popen, ranks
+            started by torchrun or SLURM) is left as it is, with a warning: set ``MALLOC_MMAP_THRESHOLD_`` in the
+            environment that starts it instead. ``None`` leaves the C allocator as it is.
         huge_pages: Start the ranks this strategy starts (spawn: all; popen: all but rank 0, the launching process)
             with torch's transparent huge pages for CPU tensors of 2 MiB and more (``THP_MEM_ALLOC_ENABLE=1``, unless
             the environment sets it already), so that a page fault maps 2 MiB, not 4 KiB. Default ``True``. Under
             torchrun/SLURM set ``THP_MEM_ALLOC_ENABLE=1`` in the job's environment instead.
 
     Raises:
-        ValueError: Unknown ``start_method``, bad ``profile_epoch`` or ``heap_mmap_threshold``, ``huge_pages`` not a
-            bool, ``exchange_timeout`` not a positive ``timedelta``.
+        ValueError: Unknown ``start_method``, bad ``profile_epoch`` or ``heap_mmap_threshold``, ``trace_dir`` without
+            ``profile_epoch``, ``huge_pages`` not a bool, ``exchange_timeout`` not a positive ``timedelta``.
     """
 
     graph_on_host = ("edge_index",)
@@ -127,6 +128,7 @@ class WholeGraphStrategy(ParallelStrategy):
         self.comm_metrics: Dict[str, float] = {}  # every rank's, as logged (comm/...)
         self._rank_group: Any = None  # this rank alone: where torchmetrics sync
         self.released_graph_bytes = 0  # bytes of shared graph pages this rank let go of at setup
+        self._changes = ExitStack()  # this fit's changes to its process, undone at teardown (strategy/process_state.py)
 
     # ------------------------------------------------------------------ ranks and devices (as DDP)
     @property
@@ -159,33 +161,30 @@ class WholeGraphStrategy(ParallelStrategy):
     def process_group_backend(self) -> Optional[str]:
         return self._process_group_backend
 
-    def _configure_launcher(self) -> None:
+    def make_launcher(self) -> Any:
         assert self.cluster_environment is not None
         if self._start_method == "popen" or self.cluster_environment.creates_processes_externally:
             # popen, or torchrun/SLURM already started the processes (then this launcher is a no-op)
-            self._launcher = HugePageScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes,
-                                                    huge_pages=self.huge_pages)
-        else:
-            self._launcher = CheckedMultiProcessingLauncher(self, start_method=self._start_method)
+            return HugePageScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes,
+                                          huge_pages=self.huge_pages)
+        return CheckedMultiProcessingLauncher(self, start_method=self._start_method)
 
     def setup_environment(self) -> None:
         # Validate before the process group exists (also under torchrun, where no launcher runs).
         self.check(self.lightning_module.trainer)
         check_precision(self.precision_plugin, type(self).__name__)
-        if self._heap_mmap_threshold is not None:  # in the rank's own process, before the graph is built
-            set_heap_mmap_threshold(self._heap_mmap_threshold)
         # Every rank logs the single-device values (one data-parallel replica, `reduce` below): Lightning's advice to
         # log epoch metrics with sync_dist=True changes nothing here.
-        warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\(.*sync_dist=True\)`",
-                                category=PossibleUserWarning)
+        self._changes.callback(quiet_sync_dist_advice())
         super().setup_environment()
         self.set_world_ranks()
-        why = huge_pages_unavailable() if self.huge_pages and self.root_device.type == "cpu" else None
-        if why is not None:  # (on rank 0: the process that lacks it under popen, one of all under torchrun)
-            rank_zero_warn(f"{type(self).__name__}: `huge_pages=True` cannot act in rank {self.global_rank}: {why}.")
+        on_cpu = self.root_device.type == "cpu"  # before the graph is built; on rank 0: the process that lacks them
+        for option, why in rank_allocator_settings(self._heap_mmap_threshold, self.huge_pages and on_cpu).items():
+            rank_zero_warn(f"{type(self).__name__}: `{option}` cannot act in rank {self.global_rank}: {why}.")
         self._process_group_backend = self._process_group_backend or default_process_group_backend(self.root_device)
         assert self.cluster_environment is not None
-        enable_nccl_error_handling(self._process_group_backend)  # before the NCCL process group exists
+        if enable_nccl_error_handling(self._process_group_backend):  # before the NCCL process group exists
+            self._changes.callback(os.environ.pop, NCCL_ERROR_HANDLING, None)
         init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout)
         self.exchange_group = dist.new_group(timeout=self._exchange_timeout, group_desc="gnnpipe_exchange")
         self._setup_groups()
@@ -242,6 +241,7 @@ class WholeGraphStrategy(ParallelStrategy):
                                                                     timeout=self._timeout)
         for metric in self.lightning_module.modules():
             if isinstance(metric, Metric):
+                self._changes.callback(setattr, metric, "process_group", metric.process_group)  # its own at teardown
                 metric.process_group = self._rank_group
 
     def model_to_device(self) -> None:
@@ -390,5 +390,6 @@ class WholeGraphStrategy(ParallelStrategy):
         return f"rank {self.global_rank}"
 
     def teardown(self) -> None:
+        self._changes.close()  # what this fit changed in its process (strategy/process_state.py)
         self._grads, self._rank_group, self.exchange_group = [], None, None
         super().teardown()

@@ -157,6 +157,18 @@ def _load(tables: Dict[str, torch.Tensor], directory: str, dtypes: bool = False)
         dcp.load(tables, checkpoint_id=directory, no_dist=True)
 
 
+def tables_to_save(save_history: bool, checkpoint: Mapping[str, Any]) -> bool:
+    """Whether to write the history tables beside ``checkpoint``: with ``save_history``, unless it is weights-only (no
+    optimizer states, ``ModelCheckpoint(save_weights_only=True)``: it cannot resume training, all the tables are for);
+    then a ``UserWarning`` says that its tables are not written."""
+    if save_history and "optimizer_states" not in checkpoint:
+        rank_zero_warn("GNNPipeStrategy: `save_history=True`, but this checkpoint is weights-only (no optimizer "
+                       "states: it cannot resume training), so its history tables are not written. Save full "
+                       "checkpoints (`ModelCheckpoint(save_weights_only=False)`) to keep them.")
+        return False
+    return save_history
+
+
 def gather_pipeline_state(
     stage: Union[GNNStage, Sequence[GNNStage]], plan: ChunkPlan, layers: List[List[int]], rank: int,
     save_history: bool, num_partitions: int = 1, directory: Optional[str] = None,
@@ -342,8 +354,7 @@ class PipelineCheckpointHooks:
         """
         if self._runtime is not None and distributed_is_initialized():
             state = gather_pipeline_state(self._runtime.stages, self.lightning_module.trainer.datamodule.plan,
-                                          self._layers, self.global_rank,
-                                          self.save_history and "optimizer_states" in checkpoint,
+                                          self._layers, self.global_rank, tables_to_save(self.save_history, checkpoint),
                                           self.graph_parallel_size, os.fspath(filepath) + HISTORY_SUFFIX,
                                           self.root_device)
             if state is not None:

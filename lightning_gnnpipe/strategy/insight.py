@@ -36,6 +36,7 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -67,10 +68,13 @@ class PipelineInsight(Callback):
         profile_epoch: Record the training step of this epoch (0-based) with ``torch.profiler``
             (``None``: never).
         trace_dir: Where to write ``gnnpipe_epoch<N>_rank<r>.json`` (default: ``traces/`` in the
-            run directory of the first logger, else in ``default_root_dir``).
+            run directory of the first logger, else in ``default_root_dir``); only with ``profile_epoch``.
 
     Raises:
-        ValueError: ``profile_epoch`` is not ``None`` or an int >= 0.
+        ValueError: ``profile_epoch`` is not ``None`` or an int >= 0, or ``trace_dir`` is given without it.
+
+    Warns:
+        UserWarning: At the start of training, when ``profile_epoch`` is not one of the epochs the fit trains.
     """
 
     def __init__(self, profile_epoch: Optional[int] = None, trace_dir: Optional[str] = None) -> None:
@@ -79,6 +83,10 @@ class PipelineInsight(Callback):
             raise ValueError(
                 f"GNNPipeStrategy: `profile_epoch` must be None or an int >= 0 epochs (got {profile_epoch!r})."
             )
+        if trace_dir is not None and profile_epoch is None:
+            raise ValueError(f"GNNPipeStrategy: `trace_dir` ({trace_dir!r}) is set but `profile_epoch` is None, so "
+                             "no trace would be written. Pass profile_epoch=<epoch> to record one, or leave trace_dir "
+                             "out.")
         self.profile_epoch = profile_epoch
         self.trace_dir = trace_dir
         self.trace_files: List[str] = []
@@ -86,6 +94,11 @@ class PipelineInsight(Callback):
         self._profiler: Optional[torch.profiler.profile] = None
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        last = trainer.max_epochs - 1 if trainer.max_epochs is not None and trainer.max_epochs >= 0 else None
+        if self.profile_epoch is not None and (self.profile_epoch < trainer.current_epoch
+                                               or last is not None and self.profile_epoch > last):
+            rank_zero_warn(f"GNNPipeStrategy: `profile_epoch` ({self.profile_epoch}) is not among the epochs this fit "
+                           f"trains ({trainer.current_epoch} to {last}), so no trace is written. Pick one of them.")
         if self.profile_epoch is not None and self.trace_dir is None:
             # trainer.log_dir broadcasts rank 0's run directory: every rank calls it here.
             self.trace_dir = os.path.join(trainer.log_dir or trainer.default_root_dir, "traces")

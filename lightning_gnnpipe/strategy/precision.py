@@ -94,7 +94,10 @@ class GlobalNormClipping:
     """Mixin over a Lightning precision plugin: ``clip_grad_by_norm`` uses the global norm.
 
     Used by the explicit plugins :class:`GlobalNormPrecision` and :class:`GlobalNormMixedPrecision`, built by
-    :func:`global_norm_clipping`; the rest of the plugin is Lightning's own.
+    :func:`global_norm_clipping`; the rest of the plugin is Lightning's own. Neither holds state (``state_dict()`` is
+    ``{}``: ``"bf16-mixed"`` has no gradient scaler), and Lightning 2.6 writes a precision plugin's entry into a
+    checkpoint only when that state is not empty, so a checkpoint holds no entry of theirs and reads as one written on
+    a single device.
     """
 
     _clip_group: Any = None
@@ -109,15 +112,9 @@ class GlobalNormClipping:
 class GlobalNormPrecision(GlobalNormClipping, Precision):
     """``"32-true"`` with global-norm clipping."""
 
-    # Lightning keys a plugin's checkpoint state by ``type(plugin).__qualname__``: keep the base class's, so a
-    # checkpoint reads as one written on a single device.
-    __qualname__ = "Precision"
-
 
 class GlobalNormMixedPrecision(GlobalNormClipping, MixedPrecision):
     """``"bf16-mixed"`` with global-norm clipping."""
-
-    __qualname__ = "MixedPrecision"  # as above
 
 
 def global_norm_clipping(plugin: Precision, group: Any = None, device: Optional[torch.device] = None) -> Precision:
