@@ -68,11 +68,6 @@ def _worker(rank: int, nprocs: int, port: int, out: str, fn: Callable, args: tup
     # One thread, and OMP_NUM_THREADS so that Lightning keeps it: an OpenMP parallel region in a
     # child forked after the parent used OpenMP can deadlock (GNU libgomp), seen with 1 rank.
     torch.set_num_threads(1)
-    if payload is None and hasattr(os, "sched_setaffinity"):
-        # ... and one core, so that the strategies' exact forward does not take more threads either (`host_threads`:
-        # the cores of the stages that wait; it hangs in a forked rank).
-        cpus = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
     path = Path(out) / f"rank{rank}.pkl"
     try:
         value = fn(*args, **kwargs)
