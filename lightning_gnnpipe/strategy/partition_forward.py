@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_gnnpipe.comm.accounting import CommStats
@@ -18,7 +19,7 @@ from lightning_gnnpipe.comm.exchange import RowExchange, SlotPlan, halo_rows
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph
 from lightning_gnnpipe.nn.dropout import node_rows
 from lightning_gnnpipe.nn.chunk_call import ChunkCaller
-from lightning_gnnpipe.nn.stack import uses_graph
+from lightning_gnnpipe.nn.stack import call_block, takes_x0, uses_graph
 
 
 class PartitionForward(nn.Module):
@@ -44,6 +45,7 @@ class PartitionForward(nn.Module):
         self._uses_graph = [uses_graph(b) for b in blocks]
         self._callers = [ChunkCaller(b, graph) for b in blocks]  # sparse adjacency or edge list, per block
         self._rows = torch.cat([graph.nodes[part], graph.halo[part]])  # global id of each row of a block's input
+        self._carry_x0 = any(takes_x0(b) for b in blocks)  # GCNII: block 0's output goes to every later block
 
     def forward(self, stats: Optional[CommStats] = None, group=None, epoch: int = 0) -> Tensor:
         """This part's output rows ``(n_r, C)``; ``epoch`` keys :class:`~lightning_gnnpipe.nn.NodeDropout`'s masks.
@@ -54,17 +56,23 @@ class PartitionForward(nn.Module):
         group = group if group is not None else self.group
         h = self.x[g.nodes[r]]
         n = h.size(0)
+        h0: Optional[Tensor] = None  # block 0's output rows of this part, when some block takes x0
         first = True  # h still holds the input features, whose halo rows every rank has
         for j, block in enumerate(self.blocks):
             if not self._uses_graph[j]:
                 with node_rows(g.nodes[r], epoch):
-                    h = block(h, g.edge_index[r][:, :0])
-                first = False
-                continue
-            if first:
-                halo = self.x[g.halo[r]]
+                    h = call_block(block, h, g.edge_index[r][:, :0], h0)
             else:
-                halo = halo_rows(RowExchange.apply(h, self.exchange, stats, group), self.exchange, g.halo[r].numel())
-            h = self._callers[j](torch.cat([h, halo.to(h.dtype)]), r, self._rows, epoch)[:n]
+                if first:
+                    halo = self.x[g.halo[r]]
+                else:
+                    halo = halo_rows(RowExchange.apply(h, self.exchange, stats, group), self.exchange,
+                                     g.halo[r].numel())
+                x_local = torch.cat([h, halo.to(h.dtype)])
+                # x0 of the halo rows never reaches an inner output (a GCNII layer mixes it in row by row): zeros
+                x0 = None if h0 is None else F.pad(h0, (0, 0, 0, x_local.size(0) - n))
+                h = self._callers[j](x_local, r, self._rows, epoch, x0)[:n]
+            if j == 0 and self._carry_x0:
+                h0 = h
             first = False
         return h
