@@ -178,4 +178,4 @@ def test_gcnii_equals_single_device(tmp_path, graph):
     ranks = fit(str(tmp_path / "g"), SGDGCNII(), GraphChunkDataModule(graph, num_chunks=2), devices=2,
                 strategy=GraphParallelStrategy(), epochs=EPOCHS)
     torch.testing.assert_close(losses(ranks[0]), single, atol=1e-5, rtol=0)
-    assert single[-1] < single[0] - 0.1  # it learns: the comparison is of moving parameters
+    assert single[0] - single[-1] > 1e3 * 1e-5  # the parameters move far beyond the tolerance
