@@ -10,7 +10,7 @@ Source: Lightning docs, "Configure hyperparameters from the CLI" (``LightningCLI
 Without the console script (e.g. from a clone): ``python -m lightning_gnnpipe.cli ...``.
 The subcommands are Lightning's: ``fit``, ``validate``, ``test``, ``predict``. The model is
 :class:`~lightning_gnnpipe.models.NodeClassifier`, the data
-:class:`~lightning_gnnpipe.data.planetoid.PlanetoidChunkDataModule`; the model's input and
+:class:`~lightning_gnnpipe.datasets.PlanetoidChunkDataModule`; the model's input and
 output widths are taken from the data.
 """
 
@@ -21,7 +21,7 @@ from typing import List, Optional
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import lightning_gnnpipe  # noqa: F401  (registers strategy="gnnpipe")
-from lightning_gnnpipe.data.planetoid import PlanetoidChunkDataModule
+from lightning_gnnpipe.datasets import PlanetoidChunkDataModule
 from lightning_gnnpipe.models import NodeClassifier
 
 

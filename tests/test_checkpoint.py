@@ -23,7 +23,7 @@ from torch_geometric.nn.models import GCN
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy, build_chunk_plan, \
     find_layer_stack
 from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
-from lightning_gnnpipe.nn.normalization import norm_keys
+from lightning_gnnpipe.nn.gcn_norm import norm_keys
 from lightning_gnnpipe.nn.stack import infer_dims
 from lightning_gnnpipe.pipeline.stage import GNNStage
 from lightning_gnnpipe.strategy.checkpoint import (CHECKPOINT_KEY, _rng_to_plain, collect_rng_states,

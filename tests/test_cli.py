@@ -12,7 +12,7 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightning_gnnpipe.cli import main
-from lightning_gnnpipe.data.planetoid import PlanetoidChunkDataModule
+from lightning_gnnpipe.datasets import PlanetoidChunkDataModule
 from lightning_gnnpipe.models import NodeClassifier, resolve_gnn
 from tests.helpers import MetricRecorder, read_metrics
 from tests.world import run_world, values

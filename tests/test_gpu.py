@@ -12,7 +12,7 @@ from torch_geometric.nn.models import GCN
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, build_chunk_plan, find_layer_stack
 from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
-from lightning_gnnpipe.nn.normalization import norm_keys
+from lightning_gnnpipe.nn.gcn_norm import norm_keys
 from lightning_gnnpipe.nn.stack import infer_dims, takes_x0
 from lightning_gnnpipe.pipeline.split import split_layers
 from lightning_gnnpipe.pipeline.stage import GNNStage

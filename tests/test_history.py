@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from lightning_gnnpipe.history.halo_grad import HaloGradients
-from lightning_gnnpipe.history.history import History
+from lightning_gnnpipe.history.history import History, drift_of
+from lightning_gnnpipe.history.lifecycle import combine_drift
 
 
 def rows(*values):
@@ -106,11 +107,12 @@ def test_the_table_lives_on_the_requested_device_and_follows_module_to():
 def test_refresh_overwrites_every_row_and_returns_the_relative_drift():
     table = History(2, 2, momentum=0.9)  # a refresh is exact: it ignores the momentum
     table.push(torch.tensor([0]), rows([30, 0]))  # row 0 = [3, 0]
-    drift = table.refresh(rows([0, 4], [0, 0]))
-    assert drift == pytest.approx(5 / 4)  # ||[3, -4]|| / ||[0, 4]||
+    squares = table.refresh(rows([0, 4], [0, 0]))
+    assert squares == pytest.approx((25.0, 16.0))  # ||[3, -4]||^2, ||[0, 4]||^2
+    assert drift_of(squares) == pytest.approx(5 / 4)
     assert torch.equal(table.emb, rows([0, 4], [0, 0]))
-    assert table.refresh(rows([0, 4], [0, 0])) == 0.0  # already exact
-    assert table.refresh(rows([0, 0], [0, 0])) == 0.0  # zero target: drift 0 by convention, not 0 / 0
+    assert drift_of(table.refresh(rows([0, 4], [0, 0]))) == 0.0  # already exact
+    assert drift_of(table.refresh(rows([0, 0], [0, 0]))) == 0.0  # zero target: drift 0 by convention, not 0 / 0
     assert torch.equal(table.emb, torch.zeros(2, 2))
 
 
@@ -180,3 +182,20 @@ def test_applied_gradient_follows_the_gradient_dtype():
     h = torch.tensor([[1.0]], dtype=torch.float64, requires_grad=True)
     (grads.apply(h, torch.tensor([0])) * 2).sum().backward()
     assert h.grad.dtype == torch.float64 and h.grad.item() == 2.5
+
+
+def test_drift_of_a_hybrid_stage_covers_the_rows_of_every_partition():
+    """The G ranks of a hybrid stage hold one layer's table for different rows: the logged drift is that of the
+    whole table (their rows together), not the last rank's."""
+    old = torch.tensor([[3.0, 0.0], [1.0, 1.0], [0.0, 0.0]])
+    exact = torch.tensor([[0.0, 4.0], [1.0, 1.0], [2.0, 0.0]])
+    parts = []
+    for ids in (torch.tensor([0]), torch.tensor([1, 2])):  # partition 0 holds row 0, partition 1 rows 1 and 2
+        row_of = torch.full((3,), -1, dtype=torch.long)
+        row_of[ids] = torch.arange(ids.numel())
+        table = History(3, 2, node_ids=ids, row_of=row_of)
+        table.emb.copy_(old[ids])
+        parts.append({3: table.refresh(exact)})
+    whole = float((old - exact).norm() / exact.norm())  # sqrt(25 / 22)
+    assert combine_drift(parts) == {3: pytest.approx(whole)}
+    assert combine_drift(parts)[3] != pytest.approx(drift_of(parts[1][3]))

@@ -10,7 +10,7 @@ from lightning_gnnpipe.pipeline.split import split_layers
 from lightning_gnnpipe.comm.exchange import build_slot_plans, partition_halos
 from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
 from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
-from lightning_gnnpipe.nn.normalization import norm_keys
+from lightning_gnnpipe.nn.gcn_norm import norm_keys
 from tests.helpers import ChunkLossGCN, GCNModule, fit, losses, sbm_graph
 from tests.reference import chunked_reference
 

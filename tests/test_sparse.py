@@ -16,7 +16,7 @@ from torch_geometric.utils import add_self_loops
 from lightning_gnnpipe import build_chunk_plan
 from lightning_gnnpipe.data.adjacency import build_adjacency, build_chunk_adjacency, to_adj_t
 from lightning_gnnpipe.nn.dropout import NodeDropout, node_rows
-from lightning_gnnpipe.nn.normalization import full_graph_norm, norm_key, normalized_convs, precomputed_norm
+from lightning_gnnpipe.nn.gcn_norm import full_graph_norm, norm_key, normalized_convs, precomputed_norm
 from lightning_gnnpipe.nn.sparse import rectangular_output, sparse_aggregation, sparse_capable
 from lightning_gnnpipe.nn.stack import BasicGNNLayer, call_block
 
@@ -406,7 +406,7 @@ def test_compact_chunk_graph_computes_the_same_and_refuses_the_edge_list_path():
     from lightning_gnnpipe import GraphChunkDataModule, find_layer_stack
     from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
     from lightning_gnnpipe.nn.chunk_call import ChunkCaller, chunk_graph_options
-    from lightning_gnnpipe.nn.normalization import norm_keys
+    from lightning_gnnpipe.nn.gcn_norm import norm_keys
     from tests.helpers import GCNModule, sbm_graph
 
     data = sbm_graph(200)

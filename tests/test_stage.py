@@ -8,7 +8,7 @@ from lightning_gnnpipe import build_chunk_plan, find_layer_stack
 from lightning_gnnpipe.nn.stack import infer_dims, takes_x0
 from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
 from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
-from lightning_gnnpipe.nn.normalization import norm_keys
+from lightning_gnnpipe.nn.gcn_norm import norm_keys
 from lightning_gnnpipe.pipeline.loss import PipelineLoss
 from lightning_gnnpipe.pipeline.split import split_layers
 from lightning_gnnpipe.pipeline.stage import GNNStage
@@ -292,3 +292,29 @@ def test_intra_op_threads_never_grows_the_team_of_a_forked_process():
         child.kill()
     assert child.exitcode == 0, "the forked child hung or failed"
     assert queue.get(timeout=5) == 1 and queue.get(timeout=5) == "done"
+
+
+def test_swapped_forward_puts_back_an_instance_forward_set_before():
+    """The stack's forward swapped for a step (and a conv's for a chunk) comes back as it was, an instance
+    forward set by the user included; without one, the class's forward runs again."""
+    from torch_geometric.nn import GCNConv
+
+    from lightning_gnnpipe.nn.forward_swap import swapped_forward
+    from lightning_gnnpipe.strategy.forward_patch import stack_returns
+
+    conv = GCNConv(3, 2)
+    x, ei = torch.randn(4, 3), torch.tensor([[0, 1, 2], [1, 2, 3]])
+    plain = conv(x, ei)
+    mine = lambda x, edge_index: x.sum()  # noqa: E731  (a user's own instance forward)
+    conv.forward = mine
+    batch = type("Batch", (), {"x": x, "edge_index": ei})()
+    with stack_returns(conv, torch.ones(4, 2), batch):
+        assert torch.equal(conv(x, ei), torch.ones(4, 2))
+    assert conv.forward is mine
+    del conv.forward
+    with swapped_forward([(conv, lambda *a: None)]):
+        with pytest.raises(ZeroDivisionError):
+            with swapped_forward([(conv, lambda *a: 1 / 0)]):
+                conv(x, ei)
+        assert conv(x, ei) is None
+    assert "forward" not in conv.__dict__ and torch.equal(conv(x, ei), plain)

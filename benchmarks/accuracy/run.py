@@ -44,7 +44,7 @@ from lightning_gnnpipe import datasets as ds  # noqa: E402
 from lightning_gnnpipe.nn.gcnii import GCNII  # noqa: E402
 from lightning_gnnpipe.nn.stack import infer_dims, takes_x0  # noqa: E402
 from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
-from lightning_gnnpipe.nn.normalization import norm_keys  # noqa: E402
+from lightning_gnnpipe.nn.gcn_norm import norm_keys  # noqa: E402
 from lightning_gnnpipe.pipeline.stage import GNNStage  # noqa: E402
 from train import DeepResGCN  # noqa: E402  (examples/train.py)
 

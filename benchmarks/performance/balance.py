@@ -32,7 +32,7 @@ from lightning_gnnpipe.datasets import load_planetoid  # noqa: E402
 from lightning_gnnpipe.nn.stack import infer_dims  # noqa: E402
 from lightning_gnnpipe.pipeline.balance import balanced_split, profile_layer_costs  # noqa: E402
 from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
-from lightning_gnnpipe.nn.normalization import norm_keys  # noqa: E402
+from lightning_gnnpipe.nn.gcn_norm import norm_keys  # noqa: E402
 from lightning_gnnpipe.pipeline.split import split_layers  # noqa: E402
 from lightning_gnnpipe.pipeline.stage import GNNStage  # noqa: E402
 

@@ -72,6 +72,12 @@ class StepClock:
             torch.cuda.synchronize(self.device)
 
 
+def ring_all_reduce_bytes(world: int, nbytes: int) -> int:
+    """Bytes one rank sends (and receives) in a ring all-reduce of ``nbytes`` bytes over ``world`` ranks:
+    ``2 (world - 1) / world`` of them (reduce-scatter, then all-gather)."""
+    return 2 * (world - 1) * nbytes // world
+
+
 @dataclass
 class CommStats:
     """One rank's communication in one training step (= one epoch: one full-graph step).
@@ -148,7 +154,7 @@ class CommStats:
         Raises:
             ValueError: Unknown kind.
         """
-        moved = 2 * (world - 1) * nbytes(tensor) // world
+        moved = ring_all_reduce_bytes(world, nbytes(tensor))
         self.record(kind, sent=moved, recv=moved)
 
     @contextmanager

@@ -3,8 +3,7 @@
 from lightning_gnnpipe.data.chunk import ChunkPlan, build_chunk_plan
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.data.partition import edge_cut, metis_partition
-from lightning_gnnpipe.data.planetoid import PlanetoidChunkDataModule
 
 __all__ = [
-    "ChunkPlan", "GraphChunkDataModule", "PlanetoidChunkDataModule", "build_chunk_plan", "edge_cut", "metis_partition",
+    "ChunkPlan", "GraphChunkDataModule", "build_chunk_plan", "edge_cut", "metis_partition",
 ]

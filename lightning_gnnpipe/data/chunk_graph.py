@@ -4,7 +4,7 @@
 is given. On a chunk's local graph a halo node has only its chunk-local edges, so its degree is wrong. GNNPipe
 needs the full-graph coefficients (arXiv 2308.10087, Sec. 4.1), so they are computed once with
 :func:`torch_geometric.nn.conv.gcn_conv.gcn_norm` on the whole graph and sliced per chunk here;
-:func:`~lightning_gnnpipe.nn.normalization.precomputed_norm` feeds them to the convs.
+:func:`~lightning_gnnpipe.nn.gcn_norm.precomputed_norm` feeds them to the convs.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def build_chunk_graph(
         plan: The chunk plan.
         edge_index: The whole graph's edges ``(2, |E|)``.
         norm_keys: The normalisations the blocks' ``GCNConv(normalize=True)`` layers need
-            (:func:`~lightning_gnnpipe.nn.normalization.norm_keys`); ``gcn_norm`` is computed once on the full
+            (:func:`~lightning_gnnpipe.nn.gcn_norm.norm_keys`); ``gcn_norm`` is computed once on the full
             graph for each.
         device: Where the chunk graphs live.
         dtype: Dtype of the normalisation weights (the features' dtype).

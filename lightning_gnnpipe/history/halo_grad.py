@@ -12,6 +12,17 @@ import torch
 from torch import Tensor, nn
 
 
+HALO_GRADIENTS = ("detach", "stale")
+"""What a halo row's gradient does: ``"detach"`` (dropped, GNNPipe's default) or ``"stale"`` (applied to its owner
+one epoch later, :class:`HaloGradients`)."""
+
+
+def check_halo_gradients(value: object, owner: str) -> None:
+    """Raise ``ValueError`` naming ``owner`` unless ``value`` is one of :data:`HALO_GRADIENTS`."""
+    if value not in HALO_GRADIENTS:
+        raise ValueError(f"{owner}: `halo_gradients` must be 'detach' or 'stale' (got {value!r}).")
+
+
 class _AddToGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: Tensor, extra: Tensor) -> Tensor:  # type: ignore[override]

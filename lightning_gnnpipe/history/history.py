@@ -8,7 +8,7 @@ previous epoch) otherwise. The push/pull names follow GNNAutoScale's ``History``
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -82,20 +82,27 @@ class History(nn.Module):
         return out.copy_(self.emb[rows])
 
     @torch.no_grad()
-    def refresh(self, value: Tensor) -> float:
-        """Overwrite all rows with exact embeddings ``(|V|, d)``; return the drift before it.
+    def refresh(self, value: Tensor) -> Tuple[float, float]:
+        """Overwrite all rows with exact embeddings ``(|V|, d)``; return ``||old - value||^2`` and ``||value||^2``.
 
-        Drift is ``||old - value|| / ||value||`` (Frobenius norms, unitless; over the table's rows): how far the
-        table had moved from the exact embeddings of the current weights.
+        Squared Frobenius norms over the table's rows, before the overwrite: the drift ``||old - value|| / ||value||``
+        (unitless, :func:`drift_of`) measures how far the table had moved from the exact embeddings of the current
+        weights; kept as sums so that tables holding different rows (the partitions of a hybrid stage) add up.
         """
         if self.node_ids is not None:
             value = value[self.node_ids]
-        norm = float(value.norm())
-        drift = float((self.emb - value).norm()) / norm if norm > 0 else 0.0
+        squares = (float((self.emb - value).float().pow(2).sum()), float(value.float().pow(2).sum()))
         self.emb.copy_(value)
-        return drift
+        return squares
 
     @torch.no_grad()
     def reset(self) -> None:
         """Zero the table."""
         self.emb.zero_()
+
+
+def drift_of(squares: Tuple[float, float]) -> float:
+    """``||old - exact|| / ||exact||`` from the summed squares of :meth:`History.refresh` (0 when the exact rows are
+    all zero, by convention)."""
+    diff, norm = squares
+    return (diff / norm) ** 0.5 if norm > 0 else 0.0

@@ -20,6 +20,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch.distributed as dist
 from torch import nn
 
+from lightning_gnnpipe.history.history import drift_of
+from lightning_gnnpipe.nn.stack import eval_mode
+
 FullForward = Callable[..., Any]
 """``full_forward(write_history=True, drift=dict)``: the exact full-graph forward through every stage."""
 
@@ -44,20 +47,15 @@ class HistoryLifecycle:
         """Refill every stage's history tables with an exact no-grad full-graph forward (a collective).
 
         Returns:
-            Drift ``||h_hist - h_exact|| / ||h_exact||`` per refreshed layer, gathered from all ranks.
+            Drift ``||h_hist - h_exact|| / ||h_exact||`` per refreshed layer over the rows of every rank's table of
+            it (:func:`combine_drift`).
         """
-        flags = [(m, m.training) for stage in self.stages for m in stage.modules()]
-        for stage in self.stages:
-            stage.eval()
-        drift: Dict[int, float] = {}
-        try:
+        drift: Dict[int, Tuple[float, float]] = {}
+        with eval_mode(self.stages):
             self.full_forward(write_history=True, drift=drift)
-        finally:
-            for m, flag in flags:
-                m.training = flag
         gathered: List[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, drift)
-        return {k: v for part in gathered for k, v in part.items()}
+        return combine_drift(gathered)
 
     def before_epoch(self, epoch: int, log: Optional[Callable[[str, float], None]] = None) -> None:
         """Start training epoch ``epoch``: periodic refresh, the stages' epoch switch, staleness metrics.
@@ -78,3 +76,18 @@ class HistoryLifecycle:
         if self.log_staleness and log is not None:
             log("gnnpipe/stale_edge_fraction", self.stale_stats[0])
             log("gnnpipe/stale_age_epochs", self.stale_stats[1])
+
+
+def combine_drift(parts: Sequence[Dict[int, Tuple[float, float]]]) -> Dict[int, float]:
+    """Per layer, the drift over the rows of all tables of it: ``sqrt(sum ||old - exact||^2 / sum ||exact||^2)``.
+
+    Args:
+        parts: Per rank, layer -> the squared norms of :meth:`~lightning_gnnpipe.history.history.History.refresh`
+            (the ranks of one hybrid stage hold the same layer's tables for different rows).
+    """
+    sums: Dict[int, Tuple[float, float]] = {}
+    for part in parts:
+        for layer, (diff, norm) in part.items():
+            d, n = sums.get(layer, (0.0, 0.0))
+            sums[layer] = (d + diff, n + norm)
+    return {layer: drift_of(squares) for layer, squares in sorted(sums.items())}

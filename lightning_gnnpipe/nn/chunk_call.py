@@ -1,7 +1,7 @@
 """Call one layer block on one chunk: through its CSR adjacency where it can, else on its edge list.
 
 Every place that runs a block on a chunk's local rows ``[inner; halo]`` (a pipeline stage's micro-batch and its
-exact full-graph forward, one partition of graph parallelism, the balance profiler) calls :func:`call_on_chunk`, so
+exact full-graph forward, one partition of graph parallelism, the balance profiler) calls a :class:`ChunkCaller`, so
 each block gets the same kernels everywhere:
 
 * a block whose convs all aggregate by a sparse-dense matmul (:func:`~lightning_gnnpipe.nn.sparse.sparse_capable`:
@@ -10,7 +10,7 @@ each block gets the same kernels everywhere:
   rows);
 * any other block (GAT, PNA, ...), and every block under autocast (``precision="bf16-mixed"``), passes messages
   along the chunk's edge list, with the full-graph GCN
-  normalisation fed in (:func:`~lightning_gnnpipe.nn.normalization.precomputed_norm`).
+  normalisation fed in (:func:`~lightning_gnnpipe.nn.gcn_norm.precomputed_norm`).
 
 Both declare the global node id of each row (:func:`~lightning_gnnpipe.nn.node_rows`), so that
 :class:`~lightning_gnnpipe.nn.NodeDropout` drops a row as its owner chunk does.
@@ -26,13 +26,13 @@ from torch_geometric.nn import MessagePassing
 
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph
 from lightning_gnnpipe.nn.dropout import node_rows
-from lightning_gnnpipe.nn.normalization import normalized_convs, precomputed_norm
+from lightning_gnnpipe.nn.gcn_norm import normalized_convs, precomputed_norm
 from lightning_gnnpipe.nn.sparse import needs_raw_adjacency, sparse_aggregation, sparse_capable
 from lightning_gnnpipe.nn.stack import BasicGNNLayer, call_block, uses_graph
 
 
 class ChunkCaller:
-    """What :func:`call_on_chunk` needs to know of a block, computed once: its GCN convs and its kernel.
+    """What a :class:`ChunkCaller` needs to know of a block, computed once: its GCN convs and its kernel.
 
     Args:
         block: The layer block.

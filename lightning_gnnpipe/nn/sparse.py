@@ -4,7 +4,7 @@ The edge-list path of a conv materialises one message per edge ``(E_c, d)`` and 
 that aggregate by a (weighted) sum or mean can instead multiply the chunk's adjacency ``adj_t``
 ``(n_inner, n_local)`` (:mod:`lightning_gnnpipe.data.adjacency`) with the dense local rows. :func:`sparse_aggregation`
 does that for one block call: the forward of every conv of the block is swapped for the call (restored after, as in
-:func:`~lightning_gnnpipe.nn.normalization.precomputed_norm`, which it replaces for that call), the user's block is
+:func:`~lightning_gnnpipe.nn.gcn_norm.precomputed_norm`, which it replaces for that call), the user's block is
 called unchanged, ``conv(x, edge_index)`` and all, and each conv computes what its edge-list forward computes for
 the inner rows, through the adjacency:
 
@@ -88,7 +88,8 @@ from torch_geometric.nn import Linear as PygLinear
 
 from lightning_gnnpipe.data.adjacency import ChunkAdjacency, SparseAdjacency
 from lightning_gnnpipe.nn.dropout import NodeDropout
-from lightning_gnnpipe.nn.normalization import gcn2_mix, norm_key
+from lightning_gnnpipe.nn.gcn_norm import gcn2_mix, norm_key
+from lightning_gnnpipe.nn.forward_swap import current_forward, swapped_forward
 from lightning_gnnpipe.nn.stack import BasicGNNLayer
 
 __all__ = ["SPARSE_CONVS", "SparseCall", "conv_sparse_capable", "rectangular_output", "sparse_aggregation",
@@ -311,7 +312,7 @@ def sparse_aggregation(
 ) -> Iterator[SparseCall]:
     """Make the block's convs aggregate through the chunk's sparse adjacency while the context is open.
 
-    Use it instead of :func:`~lightning_gnnpipe.nn.normalization.precomputed_norm` for a block call (not nested in
+    Use it instead of :func:`~lightning_gnnpipe.nn.gcn_norm.precomputed_norm` for a block call (not nested in
     it). Every conv of the block has its ``forward`` swapped for the duration of the context and restored after
     (an instance-level ``forward`` set before, e.g. by another wrapper, is restored as it was); parameters, buffers
     and flags are untouched. See the module docstring for what each conv computes and which rows it returns.
@@ -375,17 +376,5 @@ def sparse_aggregation(
     rect = allow_rectangular and rectangular_output(block)
     out_rows = adjacency.n_inner if rect else adjacency.n_local
     chunk = _Chunk(edge_index, raw, norm_adjacency, out_rows)
-    saved = []
-    try:
-        for conv in convs:
-            prior = conv.__dict__.get("forward")
-            orig = prior if prior is not None else type(conv).forward.__get__(conv)
-            saved.append((conv, prior))
-            conv.forward = _FORWARDS[type(conv)](conv, chunk, orig)
+    with swapped_forward((conv, _FORWARDS[type(conv)](conv, chunk, current_forward(conv))) for conv in convs):
         yield SparseCall(out_rows=out_rows, rectangular=rect)
-    finally:
-        for conv, prior in reversed(saved):
-            if prior is None:
-                del conv.forward
-            else:
-                conv.forward = prior

@@ -18,8 +18,9 @@ The user's modules are wrapped, never changed or copied: the blocks share their 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Iterable, Iterator, List, Optional
 
 import torch
 from torch import Tensor, nn
@@ -183,6 +184,21 @@ def uses_graph(block: nn.Module) -> bool:
     return any(isinstance(m, MessagePassing) for m in block.modules())
 
 
+@contextmanager
+def eval_mode(modules: Iterable[nn.Module]) -> Iterator[None]:
+    """Put ``modules`` (and every submodule) in eval mode for the block; restore each one's own training flag after
+    it, even where the flags differed between submodules."""
+    modules = list(modules)
+    flags = [(m, m.training) for module in modules for m in module.modules()]
+    try:
+        for module in modules:
+            module.eval()
+        yield
+    finally:
+        for m, flag in flags:
+            m.training = flag
+
+
 @torch.no_grad()
 def infer_dims(blocks: List[nn.Module], x_example: Tensor) -> List[int]:
     """Return the feature width entering each block and leaving the last, ``L + 1`` ints.
@@ -190,18 +206,12 @@ def infer_dims(blocks: List[nn.Module], x_example: Tensor) -> List[int]:
     Runs every block once, in eval mode, on a 2-node graph with one edge built from
     ``x_example`` ``(2, F)``; training flags are restored afterwards.
     """
-    flags = [(m, m.training) for b in blocks for m in b.modules()]
     edge_index = torch.tensor([[0, 1], [1, 0]], device=x_example.device)
     dims = [x_example.size(-1)]
-    try:
-        for b in blocks:
-            b.eval()
+    with eval_mode(blocks):
         x, x0 = x_example, None
         for i, b in enumerate(blocks):
             x = call_block(b, x, edge_index, x0)
             x0 = x if i == 0 else x0
             dims.append(x.size(-1))
-    finally:
-        for m, flag in flags:
-            m.training = flag
     return dims

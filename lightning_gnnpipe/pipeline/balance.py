@@ -20,7 +20,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor, nn
 
 from lightning_gnnpipe.data.chunk import ChunkPlan
-from lightning_gnnpipe.nn.normalization import norm_keys, normalized_convs, precomputed_norm
+from lightning_gnnpipe.nn.gcn_norm import norm_keys, normalized_convs, precomputed_norm
 from lightning_gnnpipe.nn.chunk_call import ChunkCaller, chunk_graph_options
 from lightning_gnnpipe.nn.stack import infer_dims, takes_x0, uses_graph
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph, build_chunk_graph

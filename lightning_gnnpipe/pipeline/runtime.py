@@ -28,7 +28,7 @@ from lightning_gnnpipe.comm.replicas import all_reduce_grads, broadcast_blocks
 from lightning_gnnpipe.data.chunk import ChunkPlan
 from lightning_gnnpipe.data.chunk_graph import build_chunk_graph, storage_bytes
 from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
-from lightning_gnnpipe.nn.normalization import norm_keys
+from lightning_gnnpipe.nn.gcn_norm import norm_keys
 from lightning_gnnpipe.nn.stack import takes_x0
 from lightning_gnnpipe.pipeline.boundary import BoundaryCast
 from lightning_gnnpipe.pipeline.loss import PipelineLoss
@@ -47,9 +47,9 @@ class RankLayout:
 
     Attributes:
         stage_ids: This rank's (virtual) stages, in pipeline order.
-        stage_rank: Pipeline position of every (virtual) stage, ``S * v`` ints.
+        stage_position: Pipeline position of every (virtual) stage, ``S * v`` ints.
         position: This rank's position ``s`` in its pipeline.
-        global_rank: Global rank of each pipeline position (this rank's pipeline), ``S`` ints.
+        global_ranks: Global rank of each pipeline position (this rank's pipeline), ``S`` ints.
         pipeline_group: The pipeline's process group (``None``: the world).
         partition_group: This stage's graph-parallel group (hybrid parallelism; ``None`` without).
         graph_parallel_size: ``G``.
@@ -57,9 +57,9 @@ class RankLayout:
     """
 
     stage_ids: List[int]
-    stage_rank: List[int]
+    stage_position: List[int]
     position: int
-    global_rank: List[int]
+    global_ranks: List[int]
     pipeline_group: Any = None
     partition_group: Any = None
     graph_parallel_size: int = 1
@@ -67,7 +67,7 @@ class RankLayout:
 
     @property
     def last_position(self) -> int:
-        return self.stage_rank[-1]
+        return self.stage_position[-1]
 
     @property
     def is_last(self) -> bool:
@@ -200,12 +200,12 @@ class PipelineRuntime:
             logits = self.loss.logits()
         else:
             logits = torch.empty(self.num_nodes, self.dims[-1], device=self.device, dtype=self.data_dtype)
-        dist.broadcast(logits, src=lay.global_rank[lay.last_position], group=lay.pipeline_group)
+        dist.broadcast(logits, src=lay.global_ranks[lay.last_position], group=lay.pipeline_group)
         if lay.graph_parallel_size > 1:
             all_reduce_grads([p for st in self.stages for p in st.parameters()], self.stats,
                              lay.graph_parallel_size, lay.partition_group)
         self.recorder.end()
-        self.stats.record_broadcast("logits", logits, lay.last_position, lay.position, len(lay.global_rank))
+        self.stats.record_broadcast("logits", logits, lay.last_position, lay.position, len(lay.global_ranks))
         return logits, (self.loss.step_output if self.loss is not None else None)
 
     def _sum_partitions(self, partial: Tensor) -> Tensor:
@@ -215,34 +215,35 @@ class PipelineRuntime:
         self.stats.record_all_reduce("logits", partial, self.layout.graph_parallel_size)
         return partial
 
-    def full_forward(self, write_history: bool = False, drift: Optional[Dict[int, float]] = None) -> Tensor:
+    def full_forward(self, write_history: bool = False,
+                     drift: Optional[Dict[int, Tuple[float, float]]] = None) -> Tensor:
         """Exact layer-by-layer forward through all stages; return the logits ``(|V|, C)`` on every rank.
 
         Args:
             write_history: Refill the history tables with the exact inputs of every layer (a refresh).
-            drift: Receives each refreshed layer's ``||h_hist - h_exact|| / ||h_exact||`` (this rank's layers).
+            drift: Receives each refreshed layer's ``||h_hist - h_exact||^2`` and ``||h_exact||^2`` (this rank's tables).
         """
         lay, n, h = self.layout, self.num_nodes, None
-        rank_of = lay.global_rank
+        rank_of = lay.global_ranks
         outputs: tuple = ()
         for i, stage in zip(lay.stage_ids, self.stages):
             if i == 0:
                 inputs = [stage.x]
-            elif lay.stage_rank[i - 1] == lay.position:  # the previous stage ran here: its outputs are the inputs
+            elif lay.stage_position[i - 1] == lay.position:  # the previous stage ran here: its outputs are the inputs
                 inputs = [t.to(self.boundary_dtype).to(self.data_dtype) for t in outputs]
             else:
                 inputs = [torch.empty(n, d, device=self.device, dtype=self.boundary_dtype) for d in stage.input_widths]
                 for t in inputs:
-                    dist.recv(t, src=rank_of[lay.stage_rank[i - 1]], group=lay.pipeline_group)
+                    dist.recv(t, src=rank_of[lay.stage_position[i - 1]], group=lay.pipeline_group)
                 inputs = [t.to(self.data_dtype) for t in inputs]
             with intra_op_threads(self.eval_threads):  # the other stages wait meanwhile: their cores are free
                 out = stage.forward_full(*inputs, write_history=write_history, drift=drift)
             outputs = out if isinstance(out, tuple) else (out,)
-            if i == len(lay.stage_rank) - 1:
+            if i == len(lay.stage_position) - 1:
                 h = outputs[0].to(self.data_dtype)
-            elif lay.stage_rank[i + 1] != lay.position:
+            elif lay.stage_position[i + 1] != lay.position:
                 for t in outputs:
-                    dist.send(t.to(self.boundary_dtype).contiguous(), dst=rank_of[lay.stage_rank[i + 1]],
+                    dist.send(t.to(self.boundary_dtype).contiguous(), dst=rank_of[lay.stage_position[i + 1]],
                               group=lay.pipeline_group)
         if not lay.is_last:
             h = torch.empty(n, self.dims[-1], device=self.device, dtype=self.data_dtype)

@@ -16,7 +16,7 @@ the global node id of each row and the epoch (:func:`~lightning_gnnpipe.nn.node_
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from lightning_gnnpipe.comm.exchange import StageExchange
-from lightning_gnnpipe.history.halo_grad import HaloGradients
+from lightning_gnnpipe.history.halo_grad import HaloGradients, check_halo_gradients
 from lightning_gnnpipe.history.history import History
 from lightning_gnnpipe.nn.dropout import node_rows
 from lightning_gnnpipe.nn.chunk_call import ChunkCaller
@@ -96,8 +96,7 @@ class GNNStage(nn.Module):
     ) -> None:
         super().__init__()
         self.stage_index = stage_index
-        if halo_gradients not in ("detach", "stale"):
-            raise ValueError(f"GNNStage: `halo_gradients` must be 'detach' or 'stale' (got {halo_gradients!r}).")
+        check_halo_gradients(halo_gradients, "GNNStage")
         if exchange is not None and halo_gradients != "detach":
             raise ValueError("GNNStage: `halo_gradients='stale'` is not supported with a hybrid halo `exchange` "
                              "(got 'stale'). Use 'detach'.")
@@ -252,7 +251,7 @@ class GNNStage(nn.Module):
 
     @torch.no_grad()
     def forward_full(self, h: Tensor, *carried: Tensor, write_history: bool = False,
-                     drift: Optional[Dict[int, float]] = None):
+                     drift: Optional[Dict[int, Tuple[float, float]]] = None):
         """Compute this stage's layers exactly for the whole graph, layer by layer.
 
         Every layer sees fresh inputs for all nodes (no historical rows), so stacking the
@@ -263,8 +262,8 @@ class GNNStage(nn.Module):
             h: Input embeddings of all nodes ``(|V|, dims[l_s])`` (``x`` for the first stage).
             carried: ``h0`` ``(|V|, dims[1])`` when the model carries it and this is not the first stage.
             write_history: Whether to refill the history tables.
-            drift: If given (with ``write_history``), receives each refreshed layer's drift
-                ``||old - exact|| / ||exact||`` before the refresh.
+            drift: If given (with ``write_history``), receives each refreshed layer's ``||old - exact||^2`` and
+                ``||exact||^2`` over its table's rows, before the refresh (:func:`~lightning_gnnpipe.history.history.drift_of`).
 
         Returns:
             Output embeddings of all nodes ``(|V|, dims[l_{s+1}])`` (and ``h0`` when carried).
@@ -294,8 +293,3 @@ class GNNStage(nn.Module):
                 h = out
             h0 = h if layer == 0 and self.carry_x0 else h0
         return self._outputs(h, h0, h.size(0))
-
-    def reset_history(self) -> None:
-        """Zero every history table."""
-        for table in self.histories.values():
-            table.reset()

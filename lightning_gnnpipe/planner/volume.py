@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Dict, List
 
-from lightning_gnnpipe.comm.accounting import KINDS
+from lightning_gnnpipe.comm.accounting import KINDS, ring_all_reduce_bytes
 from lightning_gnnpipe.comm.exchange import partition_halos
 from lightning_gnnpipe.data.chunk import ChunkPlan
 from lightning_gnnpipe.pipeline.split import split_layers
@@ -67,13 +67,8 @@ def graph_parallel_volume(plan: ChunkPlan, dims: List[int], graph_layers: List[b
     out = dict.fromkeys(KINDS, 0)
     out.update(halo_embeddings=halo * exchanged * value_bytes, halo_gradients=halo * exchanged * value_bytes,
                logits=g * (g - 1) * plan.max_chunk_size * dims[-1] * value_bytes,
-               weight_allreduce=g * (2 * (g - 1) * (num_params + num_param_tensors) * value_bytes // g))
+               weight_allreduce=g * ring_all_reduce_bytes(g, (num_params + num_param_tensors) * value_bytes))
     return out
-
-
-def _ring(world: int, nbytes: int) -> int:
-    """Bytes one rank sends in a ring all-reduce of ``nbytes`` over ``world`` ranks (as counted at run time)."""
-    return 2 * (world - 1) * nbytes // world
 
 
 def hybrid_volume(plan: ChunkPlan, dims: List[int], num_stages: int, num_parts: int, graph_layers: List[bool],
@@ -102,6 +97,6 @@ def hybrid_volume(plan: ChunkPlan, dims: List[int], num_stages: int, num_parts: 
     exchanged = sum(dims[j] for j in range(1, len(graph_layers)) if graph_layers[j])
     logits = plan.num_nodes * dims[-1] * value_bytes
     out.update(halo_embeddings=halo * exchanged * value_bytes, halo_gradients=live * exchanged * value_bytes,
-               logits=G * (num_stages - 1) * logits + G * _ring(G, logits),
-               weight_allreduce=sum(G * _ring(G, p * value_bytes) for p in stage_params))
+               logits=G * (num_stages - 1) * logits + G * ring_all_reduce_bytes(G, logits),
+               weight_allreduce=sum(G * ring_all_reduce_bytes(G, p * value_bytes) for p in stage_params))
     return out

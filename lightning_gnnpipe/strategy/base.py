@@ -123,6 +123,9 @@ class WholeGraphStrategy(LauncherHook, ParallelStrategy):
         self._num_nodes = 1
         self.insight = PipelineInsight(profile_epoch, trace_dir)  # epoch time, memory, bubble, traces
         self._stack: Optional[LayerStack] = None
+        self._dims: List[int] = []  # feature width entering each block and leaving the last (set at setup)
+        self._boundary_dtype: Optional[torch.dtype] = None  # dtype between stages (set at setup)
+        self._num_nodes_graph = 0  # |V| of the graph being trained (set at setup)
         self._grads: List[tuple] = []
         self.comm_stats = CommStats()  # this rank's traffic in the last training step
         self.comm_metrics: Dict[str, float] = {}  # every rank's, as logged (comm/...)
@@ -311,7 +314,7 @@ class WholeGraphStrategy(LauncherHook, ParallelStrategy):
         x = dm.device_graph(self.root_device, self.graph_on_host).x  # the copy every step's batch holds
         self._dims = infer_dims(stack.blocks, x[:2])
         # Stage activations travel in the autocast dtype, if any (strategy/precision.py).
-        self._data_dtype, self._boundary_dtype = x.dtype, autocast_dtype(self.precision_plugin) or x.dtype
+        self._boundary_dtype = autocast_dtype(self.precision_plugin) or x.dtype
         self._num_nodes_graph = dm.plan.num_nodes
         return stack, dm.plan, dm.data, x
 
@@ -321,12 +324,9 @@ class WholeGraphStrategy(LauncherHook, ParallelStrategy):
             p.grad = None
 
     def kept_bytes(self) -> Tuple[int, int]:
-        """Bytes this rank keeps for the whole fit, ``(history tables, chunk graphs)`` (0, 0 before setup)."""
-        runtime = getattr(self, "_runtime", None)
-        if runtime is not None:
-            return runtime.kept_bytes()
-        graph = getattr(getattr(self, "_forward", None), "graph", None)  # graph parallelism: no history tables
-        return 0, graph.nbytes() if graph is not None else 0
+        """Bytes this rank keeps for the whole fit, ``(history tables, chunk graphs)`` (0, 0 before setup); each
+        strategy says what it holds."""
+        raise NotImplementedError
 
     def _log_comm(self) -> Dict[str, float]:
         """Log this step's traffic of every rank as ``comm/...`` and return it (a collective)."""

@@ -8,12 +8,22 @@ import torch
 from torch import nn
 
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
+from lightning_gnnpipe.history.halo_grad import check_halo_gradients
 from lightning_gnnpipe.nn.feature_norm import check_feature_norms
-from lightning_gnnpipe.nn.normalization import check_supported
+from lightning_gnnpipe.nn.gcn_norm import check_one_hop
 from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack
 from lightning_gnnpipe.pipeline.schedule import check_schedule, is_multi_stage
 from lightning_gnnpipe.pipeline.split import split_layers
 
+
+def check_not_multi_stage_hybrid(schedule: str, graph_parallel_size: int) -> None:
+    """Refuse a multi-stage schedule (several stages per rank) with hybrid parallelism (``G > 1``)."""
+    if is_multi_stage(schedule) and graph_parallel_size > 1:
+        raise ValueError(
+            f"GNNPipeStrategy: the multi-stage schedule {schedule!r} is not supported with hybrid "
+            f"parallelism (got graph_parallel_size={graph_parallel_size}). Use graph_parallel_size=1, or "
+            "schedule 'gpipe'/'1f1b'."
+        )
 
 
 def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: int, history_momentum: float,
@@ -42,8 +52,7 @@ def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: i
         raise ValueError(f"GNNPipeStrategy: `refresh_every` must be an int >= 0 epochs (got {refresh_every!r}).")
     if not 0.0 <= history_momentum < 1.0:
         raise ValueError(f"GNNPipeStrategy: `history_momentum` must be in [0, 1) (got {history_momentum}).")
-    if halo_gradients not in ("detach", "stale"):
-        raise ValueError(f"GNNPipeStrategy: `halo_gradients` must be 'detach' or 'stale' (got {halo_gradients!r}).")
+    check_halo_gradients(halo_gradients, "GNNPipeStrategy")
     G = graph_parallel_size
     if isinstance(G, bool) or not isinstance(G, int) or G < 1:
         raise ValueError(f"GNNPipeStrategy: `graph_parallel_size` must be an int >= 1 (got {G!r}).")
@@ -58,12 +67,7 @@ def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: i
             f"{name!r} (got halo_gradients={halo_gradients!r}). Use halo_gradients='detach', or "
             "schedule 'gpipe'/'1f1b'."
         )
-    if is_multi_stage(name) and G > 1:
-        raise ValueError(
-            f"GNNPipeStrategy: the multi-stage schedule {name!r} is not supported with hybrid "
-            f"parallelism (got graph_parallel_size={G}). Use graph_parallel_size=1, or "
-            "schedule 'gpipe'/'1f1b'."
-        )
+    check_not_multi_stage_hybrid(name, G)
     return name, dtype
 
 
@@ -111,15 +115,10 @@ def check_layout(
             f"(got datamodule={type(datamodule).__name__}). The strategy needs its chunk plan."
         )
     stack = find_layer_stack(module)
-    check_supported(stack.blocks)
+    check_one_hop(stack.blocks)
     check_feature_norms(stack.blocks)
     check_schedule(schedule, stages_per_rank=stages_per_rank)
-    if is_multi_stage(schedule) and graph_parallel_size > 1:
-        raise ValueError(
-            f"GNNPipeStrategy: schedule {schedule!r} (several stages per rank) is not supported with hybrid "
-            f"parallelism (got graph_parallel_size={graph_parallel_size}). Use graph_parallel_size=1, or "
-            "schedule 'gpipe'/'1f1b'."
-        )
+    check_not_multi_stage_hybrid(schedule, graph_parallel_size)
     if stages_per_rank > 1 and num_stages * stages_per_rank > stack.num_layers:
         raise ValueError(
             f"GNNPipeStrategy: the model has {stack.num_layers} layers but {num_stages} devices x "

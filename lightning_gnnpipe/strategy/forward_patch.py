@@ -12,6 +12,8 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor, nn
 
+from lightning_gnnpipe.nn.forward_swap import swapped_forward
+
 
 def _same(a: Any, b: Any) -> bool:
     if a is b:
@@ -44,8 +46,5 @@ def stack_returns(stack: nn.Module, logits: Tensor, batch: Any) -> Iterator[None
             )
         return logits
 
-    stack.forward = forward
-    try:
+    with swapped_forward([(stack, forward)]):  # an instance forward the user set is put back afterwards
         yield
-    finally:
-        del stack.forward

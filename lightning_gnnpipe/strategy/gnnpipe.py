@@ -1,15 +1,13 @@
 """``GNNPipeStrategy``: pipelined layer-level model parallelism for full-graph GNN training.
 
-Source: GNNPipe, arXiv 2308.10087. The Lightning plumbing is :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`;
-this rank's stages and schedule are :class:`~lightning_gnnpipe.pipeline.runtime.PipelineRuntime`
-(``torch.distributed.pipelining``, torch 2.13); the history tables' refreshes and staleness are
-:class:`~lightning_gnnpipe.history.lifecycle.HistoryLifecycle`; the rank layout is
-:mod:`~lightning_gnnpipe.strategy.topology`.
+Source: GNNPipe, arXiv 2308.10087. Lightning plumbing: :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`;
+stages and schedule: :class:`~lightning_gnnpipe.pipeline.runtime.PipelineRuntime` (``torch.distributed.pipelining``);
+history refreshes: :class:`~lightning_gnnpipe.history.lifecycle.HistoryLifecycle`; layout: ``strategy/topology.py``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
@@ -277,6 +275,9 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
     def full_logits(self) -> Tensor:
         assert self._runtime is not None
         return self._runtime.full_forward()
+
+    def kept_bytes(self) -> Tuple[int, int]:  # (history tables, chunk graphs) of this rank's stages, in bytes
+        return self._runtime.kept_bytes() if self._runtime is not None else (0, 0)
 
     def rank_location(self) -> str:
         """This rank's place, named in error notes: ``"rank r (stage s of S[, partition g of G][, layers [...]])"``."""

@@ -14,7 +14,7 @@ kernels.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -29,7 +29,7 @@ from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.nn.feature_norm import check_feature_norms
 from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
-from lightning_gnnpipe.nn.normalization import check_supported, norm_keys
+from lightning_gnnpipe.nn.gcn_norm import check_one_hop, norm_keys
 from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack
 from lightning_gnnpipe.pipeline.loss import output_grad
 from lightning_gnnpipe.strategy.base import WholeGraphStrategy
@@ -121,7 +121,7 @@ class GraphParallelStrategy(WholeGraphStrategy):
                 f"Use GraphChunkDataModule(data, num_chunks={self.num_parts})."
             )
         stack = find_layer_stack(module)
-        check_supported(stack.blocks)
+        check_one_hop(stack.blocks)
         check_feature_norms(stack.blocks, unit="partition")
         check_lightning_usage(trainer, module, stack, "GraphParallelStrategy")
         return stack
@@ -142,6 +142,10 @@ class GraphParallelStrategy(WholeGraphStrategy):
         self._params = list(dict.fromkeys(p for b in stack.blocks for p in b.parameters() if p.requires_grad))
 
     # ------------------------------------------------------------------ collectives
+    def kept_bytes(self) -> Tuple[int, int]:
+        """``(0, chunk graph bytes)``: graph parallelism keeps no history tables."""
+        return 0, self._forward.graph.nbytes() if self._forward is not None else 0
+
     def _gather_logits(self, out: Tensor, stats: Optional[CommStats]) -> Tensor:
         """All-gather every part's output rows into the full ``(|V|, C)`` logits on every rank."""
         padded = F.pad(out.detach(), (0, 0, 0, self._rows - out.size(0))).contiguous()

@@ -71,11 +71,6 @@ class PipelineTopology:
         """Pipeline position of every virtual stage, ``S * v`` ints."""
         return stage_ranks(self.schedule, self.num_stages, self.stages_per_rank)
 
-    @property
-    def last_stage_rank(self) -> int:
-        """Position of the rank that runs the last stage (``S - 1``; 0 under ``"zbv"``)."""
-        return self.virtual_stage_ranks[-1]
-
     def local_stages(self, global_rank: int) -> List[int]:
         """The virtual stages this rank runs, in pipeline order."""
         s = self.stage_index(global_rank)
@@ -107,8 +102,3 @@ def build_mesh(topology: PipelineTopology, device_type: str, timeout: timedelta,
                                                     group_desc="gnnpipe_partition")
     mesh = DeviceMesh.from_group([gp_group, pp_group], device_type, mesh=layout, mesh_dim_names=MESH_DIMS)
     return mesh, pp_group, gp_group
-
-
-def group_rank(group: Optional[Any], rank: int) -> int:
-    """Global rank of position ``rank`` in ``group`` (``None``: the world)."""
-    return dist.get_global_rank(group, rank) if group is not None else rank

@@ -22,6 +22,7 @@ import torch
 from torch_geometric.nn import APPNP, ChebConv, GCN2Conv, GCNConv, SGConv, SSGConv, TAGConv
 
 from lightning_gnnpipe.data.chunk_graph import NormKey, full_graph_norm  # noqa: F401  (full_graph_norm: re-export)
+from lightning_gnnpipe.nn.forward_swap import swapped_forward
 
 MULTI_HOP = (SGConv, SSGConv, TAGConv, ChebConv, APPNP)
 
@@ -41,7 +42,7 @@ def norm_keys(blocks: List[nn.Module]) -> Set[NormKey]:
     return {norm_key(c) for b in blocks for c in normalized_convs(b)}
 
 
-def check_supported(blocks: List[nn.Module]) -> None:
+def check_one_hop(blocks: List[nn.Module]) -> None:
     """Refuse convs whose receptive field is wider than one hop.
 
     Raises:
@@ -52,19 +53,19 @@ def check_supported(blocks: List[nn.Module]) -> None:
         for m in block.modules():
             if isinstance(m, MULTI_HOP) and int(getattr(m, "K", 1)) > 1:
                 raise ValueError(
-                    f"check_supported: layer {i} holds {type(m).__name__}(K={m.K}), which propagates "
+                    f"check_one_hop: layer {i} holds {type(m).__name__}(K={m.K}), which propagates "
                     f"{m.K} hops inside one layer; a chunk carries a 1-hop halo (got K={m.K}). "
                     "Use K=1 layers stacked K times."
                 )
 
 
-def _gcn_forward(conv: GCNConv, edge_index: Tensor, edge_weight: Tensor, x: Tensor, *_, **__) -> Tensor:
+def _edge_list_gcn(conv: GCNConv, edge_index: Tensor, edge_weight: Tensor, x: Tensor, *_, **__) -> Tensor:
     # GCNConv.forward with normalize=False on precomputed full-graph coefficients.
     out = conv.propagate(edge_index, x=conv.lin(x), edge_weight=edge_weight)
     return out if conv.bias is None else out + conv.bias
 
 
-def _gcn2_forward(conv: GCN2Conv, edge_index: Tensor, edge_weight: Tensor, x: Tensor, x_0: Tensor,
+def _edge_list_gcn2(conv: GCN2Conv, edge_index: Tensor, edge_weight: Tensor, x: Tensor, x_0: Tensor,
                   *_, **__) -> Tensor:
     # GCN2Conv.forward (torch_geometric 2.8) with normalize=False on precomputed coefficients.
     return gcn2_mix(conv, conv.propagate(edge_index, x=x, edge_weight=edge_weight), x_0)
@@ -87,14 +88,13 @@ def precomputed_norm(
     convs: List[nn.Module], edges: Dict[NormKey, Tuple[Tensor, Tensor]]
 ) -> Iterator[None]:
     """Run ``convs`` on the given chunk-local normalised edges, ignoring the ones passed in."""
+    swaps = []
     for conv in convs:
         ei, ew = edges[norm_key(conv)]
         if isinstance(conv, GCN2Conv):
-            conv.forward = lambda x, x_0, *a, _c=conv, _ei=ei, _ew=ew, **k: _gcn2_forward(_c, _ei, _ew, x, x_0)
+            swaps.append((conv, lambda x, x_0, *a, _c=conv, _ei=ei, _ew=ew, **k:
+                          _edge_list_gcn2(_c, _ei, _ew, x, x_0)))
         else:
-            conv.forward = lambda x, *a, _c=conv, _ei=ei, _ew=ew, **k: _gcn_forward(_c, _ei, _ew, x)
-    try:
+            swaps.append((conv, lambda x, *a, _c=conv, _ei=ei, _ew=ew, **k: _edge_list_gcn(_c, _ei, _ew, x)))
+    with swapped_forward(swaps):
         yield
-    finally:
-        for conv in convs:
-            del conv.forward
