@@ -122,7 +122,8 @@ def main() -> None:
     p.add_argument("--graph-parallel-size", type=int, default=1,
                    help="G graph partitions (hybrid parallelism: devices / G stages); 1 = pure GNNPipe")
     p.add_argument("--num-chunks", type=int, default=8, help="graph chunks K (pipeline micro-batches)")
-    p.add_argument("--schedule", default="gpipe", choices=["gpipe"])
+    p.add_argument("--schedule", default="auto", choices=["auto", "gpipe", "1f1b"],
+                   help="'auto' (default): 1F1B when the loss is a sum over nodes, else GPipe")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--epochs", type=int, default=200)
