@@ -251,6 +251,27 @@ def link_table(records: List[dict], derived: Dict[tuple, dict], rates: Dict[int,
     return lines, summary
 
 
+def time_split(summary: List[dict]) -> List[str]:
+    """Where an epoch's time goes under a link, per model and mode: the free link's training and validation
+    seconds (compute, bubble and the host's own transfers) and what the rate adds to each; beside it the seconds
+    the training step's bytes need at the rate alone (``8 * bytes / R``)."""
+    free = {(row["model"]): row for row in summary if row["rate"] is None}
+    lines = ["| model | link | mode | training s: free link + added by the link | validation s: free + added | "
+             "training bytes at R alone (s) |", "|---" * 6 + "|"]
+    for row in summary:
+        base = free.get(row["model"])
+        if row["rate"] is None or base is None:
+            continue
+        for mode in ("gnnpipe", "graph_parallel"):
+            now, then, sent = row["split"].get(mode), base["split"].get(mode), row["sent"].get(mode)
+            if not now or not then:
+                continue
+            alone = "–" if not sent else f"{8 * sent / row['rate']:.1f}"
+            lines.append(f"| {row['model']} | {row['name']} | {SHORT[mode]} | {then[0]:.1f} + {now[0] - then[0]:.1f} | "
+                         f"{then[1]:.1f} + {now[1] - then[1]:.1f} | {alone} |")
+    return lines
+
+
 def write_page(records: List[dict], path: Path, planner: Optional[Dict[tuple, dict]] = None) -> None:
     from benchmarks.time_to_accuracy.bench import GPU_LINKS_GBIT, HBM_BYTES_PER_S, HBM_EFFICIENCY, derived_rates
 
@@ -261,6 +282,7 @@ def write_page(records: List[dict], path: Path, planner: Optional[Dict[tuple, di
     out += answer(derived, summary, rates)
     out += ["## Setup", "", *SETUP, ""]
     out += ["## Over a link", "", *link_lines, ""]
+    out += ["### Where the time goes", "", *time_split(summary), ""]
     out += ["## Accuracy and time to it, free link", "", *accuracy_summary(derived), "", *acc_lines, ""]
     out += ["## Rates", "", *rate_lines(rates, GPU_LINKS_GBIT, HBM_BYTES_PER_S, HBM_EFFICIENCY), ""]
     path.write_text("\n".join(out))
