@@ -52,8 +52,9 @@ CACHE = Path(__file__).resolve().parent / "runs.jsonl"
 PAGE = ROOT / "docs" / "results" / "time_to_accuracy.md"
 EPOCHS = 30
 SMALL, LARGE = 300_000, 1_000_000
-GPU_LINKS_GBIT = (10, 100, 400)
-TUNED = {"schedule": "gpipe"}  # GNNPipe's tuned option under a link (the link part)  # the clusters whose compute : communication the emulated rates stand for
+GPU_LINKS_GBIT = (10, 100, 400)  # the clusters whose compute : communication the emulated rates stand for
+TUNED = {"schedule": "gpipe"}  # GNNPipe's tuned option under a link (the link part)
+TUNED_ACCURACY = {"halo_gradients": "stale"}  # GNNPipe's tuned option for GCNII-16's accuracy (the accuracy part)
 HBM_BYTES_PER_S = 3.35e12  # H100 SXM (H200: 4.8e12): the GPU the derivation assumes
 HBM_EFFICIENCY = 0.6  # fraction of it a sparse-dense matmul and the dense kernels reach (a generous bound)
 
@@ -76,7 +77,9 @@ def accuracy_specs() -> List[dict]:
     each depth; the last two add a second seed."""
     out = [spec(SMALL, "ressage8", m) for m in ("exact", "gnnpipe", "graph_parallel", "mlp")]
     out += [spec(SMALL, "gcnii16", m) for m in ("exact", "gnnpipe", "graph_parallel")]
-    return out + [spec(SMALL, "ressage8", m, seed=1) for m in ("exact", "gnnpipe")]
+    out += [spec(SMALL, "ressage8", m, seed=1) for m in ("exact", "gnnpipe")]
+    # tuned for accuracy: the option docs/convergence.md names for deep GCNII (the default diverges here, see the page)
+    return out + [spec(SMALL, "gcnii16", "gnnpipe", strategy=TUNED_ACCURACY)]
 
 
 def tuning_specs() -> List[dict]:

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 GIB = 2**30
-MODES = ("exact", "gnnpipe", "graph_parallel", "hybrid", "mlp")
+MODES = ("exact", "gnnpipe", "gnnpipe_tuned", "graph_parallel", "hybrid", "mlp")
 LABEL = {"exact": "exact, one process, CSR adjacency (2 threads)", "gnnpipe": "`GNNPipeStrategy()`, K = 8 (2 processes)",
+         "gnnpipe_tuned": "`GNNPipeStrategy(halo_gradients=\"stale\")`, K = 8 (2 processes)",
          "graph_parallel": "`GraphParallelStrategy()` (2 processes)",
          "hybrid": "hybrid 2 stages x 2 partitions, K = 8 (4 processes)", "mlp": "MLP, one process (no graph)"}
 SHORT = {"gnnpipe": "GNNPipe", "graph_parallel": "graph parallel", "hybrid": "hybrid 2x2"}
@@ -53,6 +54,24 @@ SETUP = [
     "* Accuracy: 30 epochs (seed 0; GraphSAGE-8 also seed 1), validation every epoch, on the free link; under a "
     "shaped link the numerics are the same (only transfers are slower), so time to accuracy at R is the free-link "
     "run's epochs times the epoch measured at R.",
+]
+
+
+FINDINGS = [
+    "What the link adds to an epoch is, within the noise of one run, the seconds its bytes need at R: neither mode "
+    "hides its transfers behind compute here: not GNNPipe's default 1F1B, not GPipe, which sends every chunk's "
+    "activations before the first backward (GCNII-16, 163 Mbit/s: 41.2 s against 1F1B's 38.6 s), and not graph "
+    "parallelism, whose halo exchange precedes every layer's compute. So the "
+    "per-epoch ratio follows the bytes ratio, and on this graph graph parallelism sends only about 1.5x GNNPipe's "
+    "bytes: a 2-way METIS cut of a community graph leaves few halo nodes (GNNPipe's traffic, `2 (S-1) |V| d` plus "
+    "GCNII's `x0`, does not depend on the cut; graph parallelism's, `2 L H d`, does). GNNPipe's exact validation "
+    "also sends every node's activations (and `x0`) across the stage boundary.",
+    "",
+    "GCNII-16 under GNNPipe: the training loss follows exact training for 17 epochs (1.31 against 1.40 at epoch 18), "
+    "then rises and swings (1.23 to 1.91) while exact's keeps falling, and validation accuracy falls from 0.69 to "
+    "0.2-0.6; `halo_gradients=\"stale\"` behaves the same. Graph parallelism, exact by construction, follows exact "
+    "training. The historical halo rows at Adam lr 0.01 are the suspect (a smaller rate or `refresh_every` were not "
+    "measured here); with residual GraphSAGE-8 GNNPipe tracks exact training epoch by epoch.",
 ]
 
 
@@ -110,7 +129,8 @@ def accuracy_runs(records: List[dict]) -> Dict[tuple, dict]:
     for rec in records:
         s = rec["spec"]
         if s["rate_bits"] is None and s["validate"] and s["epochs"] >= 20 and s["chunks"] == 8:
-            out[(s["graph"]["num_nodes"], s["model"], s["mode"], s["seed"])] = rec
+            mode = s["mode"] + ("_tuned" if s.get("strategy") else "")
+            out[(s["graph"]["num_nodes"], s["model"], mode, s["seed"])] = rec
     return out
 
 
@@ -121,7 +141,7 @@ def quiet_epochs(records: List[dict]) -> Dict[tuple, Tuple[float, float]]:
     for rec in records:
         s = rec["spec"]
         if ok(rec) and s["epochs"] <= 3 and s["validate"] and s["rate_bits"] is None and s["chunks"] == 8 \
-                and s.get("threads") is None:
+                and s.get("threads") is None and not s.get("strategy"):
             out[(s["graph"]["num_nodes"], s["model"], s["mode"])] = (timed(rec, "train_s"), timed(rec, "val_s"))
     return out
 
@@ -282,7 +302,7 @@ def write_page(records: List[dict], path: Path, planner: Optional[Dict[tuple, di
     out += answer(derived, summary, rates)
     out += ["## Setup", "", *SETUP, ""]
     out += ["## Over a link", "", *link_lines, ""]
-    out += ["### Where the time goes", "", *time_split(summary), ""]
+    out += ["### Where the time goes", "", *time_split(summary), "", *FINDINGS, ""]
     out += ["## Accuracy and time to it, free link", "", *accuracy_summary(derived), "", *acc_lines, ""]
     out += ["## Rates", "", *rate_lines(rates, GPU_LINKS_GBIT, HBM_BYTES_PER_S, HBM_EFFICIENCY), ""]
     path.write_text("\n".join(out))
@@ -294,31 +314,42 @@ def answer(derived: Dict[tuple, dict], summary: List[dict], rates: Dict[int, dic
     out = ["**Answer.** 300,000-node, 6M-edge community graph, 2 processes on a 2-core CPU; epoch = training step +",
            "exact full-graph validation; link rates stand for GPUs joined by the named link (derivation at the end).", "",
            "| model | link | GNNPipe s / epoch | graph parallel s / epoch | GP ÷ GNNPipe (≥ 1.58 at 100 Gbit/s, 16 layers) "
-           "| bytes GP ÷ GNNPipe (≥ 5) | planner's choice | measured faster |", "|---" * 8 + "|"]
+           "| bytes GP ÷ GNNPipe (≥ 5) | planner's choice (✓: within 10% of the faster) | measured faster |", "|---" * 8 + "|"]
     for row in summary:
         e, sent = row["epoch"], row["sent"]
         if not (e["gnnpipe"] and e["graph_parallel"]):
             continue
         ratio = sent["graph_parallel"] / sent["gnnpipe"] if sent["gnnpipe"] and sent["graph_parallel"] else None
         choice = "–" if row["plan"] is None else SHORT[row["plan"]["choice"]]
-        hit = "" if row["plan"] is None else (" ✓" if row["plan"]["choice"] == row["fastest"] else " ✗")
+        picked = None if row["plan"] is None else e.get(row["plan"]["choice"])  # within 10% of the fastest: ✓
+        hit = "" if picked is None else (" ✓" if picked <= 1.1 * e[row["fastest"]] else " ✗")
         out.append(f"| {row['model']} | {row['name']} | {e['gnnpipe']:.1f} | {e['graph_parallel']:.1f} | "
                    f"{row['ratio']:.2f}x | {'–' if ratio is None else f'{ratio:.2f}x'} | {choice}{hit} | "
                    f"{SHORT[row['fastest']]} |")
     out.append("")
+    for model in ("gcnii16", "ressage8"):
+        rows = [r for r in summary if r["model"] == model and r["ratio"]]
+        wins = [f"{r['name'].split(' (')[0]} ({r['ratio']:.2f}x)" for r in rows if r["ratio"] > 1.0]
+        loses = [f"{r['name'].split(' (')[0]} ({r['ratio']:.2f}x)" for r in rows if r["ratio"] <= 1.0]
+        if rows:
+            out.append(f"With {model}, GNNPipe's epoch is shorter than graph parallelism's on "
+                       f"{', '.join(wins) or 'no link'}, and not on {', '.join(loses) or 'any other'} (GP ÷ GNNPipe).")
+    out.append("")
     acc = []
-    for (nodes, model, mode, seed), d in sorted(derived.items(), key=lambda kv: (kv[0][1], kv[0][3])):
+    for (nodes, model, mode, seed), d in sorted(derived.items(), key=lambda kv: (kv[0][1], kv[0][3], kv[0][2])):
         exact = derived.get((nodes, model, "exact", seed))
-        if mode != "gnnpipe" or exact is None:
+        if mode not in ("gnnpipe", "gnnpipe_tuned") or exact is None:
             continue
         gap = (d["test"] - exact["test"]) * 100
-        ratio = "not reached" if d["ratio"] is None else f"{d['ratio']:.2f}x exact's seconds"
-        acc.append(f"{model} (seed {seed}): test accuracy {d['test']:.4f} against exact's {exact['test']:.4f} "
-                   f"({gap:+.2f} points; target within 0.5); 99% of exact's best validation accuracy after "
-                   f"{d['epochs'] or '–'} epochs against {exact['epochs'] or '–'}, {ratio} (target ≤ 0.7x)")
+        ratio = "not reached" if d["ratio"] is None else f"in {d['ratio']:.2f}x exact's seconds"
+        name = "`GNNPipeStrategy()`" if mode == "gnnpipe" else "`halo_gradients=\"stale\"`"
+        acc.append(f"{model}, seed {seed}, {name}: test accuracy {d['test']:.4f} against exact's {exact['test']:.4f} "
+                   f"({gap:+.2f} points; target within 0.5); 99% of exact's best validation accuracy "
+                   + (f"after {d['epochs']} epochs against {exact['epochs']}, {ratio}" if d["epochs"]
+                      else "never reached") + " (target ≤ 0.7x)")
     mlp = [d for (n, m, mode, s), d in derived.items() if mode == "mlp"]
     if acc:
-        out.append("Accuracy, free link, `GNNPipeStrategy()`: " + "; ".join(acc) + "."
+        out.append("Accuracy, free link, 30 epochs: " + "; ".join(acc) + "."
                    + (f" The MLP on the node's own features reaches {mlp[0]['test']:.4f}: the labels need the graph."
                       if mlp else ""))
         out.append("")
