@@ -74,7 +74,8 @@ class StepClock:
 
 def ring_all_reduce_bytes(world: int, nbytes: int) -> int:
     """Bytes one rank sends (and receives) in a ring all-reduce of ``nbytes`` bytes over ``world`` ranks:
-    ``2 (world - 1) / world`` of them (reduce-scatter, then all-gather)."""
+    ``2 (world - 1) / world`` of them (reduce-scatter, then all-gather; Patarasuk and Yuan, JPDC 2009), rounded
+    down. Raises nothing; ``world`` >= 1."""
     return 2 * (world - 1) * nbytes // world
 
 

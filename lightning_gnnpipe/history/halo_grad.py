@@ -18,7 +18,11 @@ one epoch later, :class:`HaloGradients`)."""
 
 
 def check_halo_gradients(value: object, owner: str) -> None:
-    """Raise ``ValueError`` naming ``owner`` unless ``value`` is one of :data:`HALO_GRADIENTS`."""
+    """Check a ``halo_gradients`` option before any process group starts.
+
+    Raises:
+        ValueError: ``value`` is not one of :data:`HALO_GRADIENTS` (the message names ``owner`` and the value).
+    """
     if value not in HALO_GRADIENTS:
         raise ValueError(f"{owner}: `halo_gradients` must be 'detach' or 'stale' (got {value!r}).")
 

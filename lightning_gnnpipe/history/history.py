@@ -91,7 +91,9 @@ class History(nn.Module):
         """
         if self.node_ids is not None:
             value = value[self.node_ids]
-        squares = (float((self.emb - value).float().pow(2).sum()), float(value.float().pow(2).sum()))
+        # one temporary of the table's size (the difference), as before; norms accumulated in float32
+        diff = float(torch.linalg.vector_norm(self.emb - value, dtype=torch.float32))
+        squares = (diff * diff, float(torch.linalg.vector_norm(value, dtype=torch.float32)) ** 2)
         self.emb.copy_(value)
         return squares
 
@@ -102,7 +104,8 @@ class History(nn.Module):
 
 
 def drift_of(squares: Tuple[float, float]) -> float:
-    """``||old - exact|| / ||exact||`` from the summed squares of :meth:`History.refresh` (0 when the exact rows are
-    all zero, by convention)."""
+    """``||old - exact|| / ||exact||`` (unitless) from ``(sum ||old - exact||^2, sum ||exact||^2)`` of
+    :meth:`History.refresh`, over one table or several added up; 0 when the exact rows are all zero, by convention.
+    Raises nothing."""
     diff, norm = squares
     return (diff / norm) ** 0.5 if norm > 0 else 0.0

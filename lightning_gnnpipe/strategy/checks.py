@@ -17,7 +17,11 @@ from lightning_gnnpipe.pipeline.split import split_layers
 
 
 def check_not_multi_stage_hybrid(schedule: str, graph_parallel_size: int) -> None:
-    """Refuse a multi-stage schedule (several stages per rank) with hybrid parallelism (``G > 1``)."""
+    """Refuse a multi-stage schedule (several stages per rank) with hybrid parallelism, before any process starts.
+
+    Raises:
+        ValueError: ``schedule`` runs several stages per rank and ``graph_parallel_size`` > 1.
+    """
     if is_multi_stage(schedule) and graph_parallel_size > 1:
         raise ValueError(
             f"GNNPipeStrategy: the multi-stage schedule {schedule!r} is not supported with hybrid "
