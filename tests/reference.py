@@ -24,13 +24,19 @@ def gcn_layer(gnn, layer: int, x: torch.Tensor, edge_index: torch.Tensor) -> tor
     return h if layer == gnn.num_layers - 1 else F.relu(h)
 
 
+def call_layer(layer: Callable, x: torch.Tensor, edge_index: torch.Tensor, x0: Optional[torch.Tensor]) -> torch.Tensor:
+    """``layer(x, edge_index)``, or ``layer(x, edge_index, x0)`` for a GCNII-style layer (``takes_x0 = True``)."""
+    return layer(x, edge_index, x0) if getattr(layer, "takes_x0", False) else layer(x, edge_index)
+
+
 @torch.no_grad()
 def exact_inputs(layers: List[Callable], data: Data) -> List[torch.Tensor]:
     """Every layer's exact input embeddings ``(|V|, d_l)`` under the current weights."""
-    h, out = data.x, []
-    for layer in layers:
+    h, x0, out = data.x, None, []
+    for i, layer in enumerate(layers):
         out.append(h.clone())
-        h = layer(h, data.edge_index)
+        h = call_layer(layer, h, data.edge_index, x0)
+        x0 = h if i == 0 else x0
     return out
 
 
@@ -41,7 +47,8 @@ def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_
     """Train ``module`` (a ``GCNModule``) with the chunked algorithm in one process.
 
     ``layers`` are the model's layers as ``layer(x, edge_index)`` callables (default: the
-    layers of the PyG ``GCN`` at ``module.gnn``).
+    layers of the PyG ``GCN`` at ``module.gnn``); a layer with ``takes_x0 = True`` is called
+    ``layer(x, edge_index, x0)`` with layer 0's output (GCNII).
 
     ``refresh_at``: epochs at whose start the tables are also refilled exactly with the current weights (what a
     resume from a checkpoint without history tables does at the resume epoch).
@@ -82,6 +89,7 @@ def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_
             chunks = list(range(slot * num_parts, (slot + 1) * num_parts))
             nodes = [plan.nodes[c] for c in chunks]
             hs = [data.x[n] for n in nodes]
+            h0s: List[torch.Tensor] = []  # the slot's rows of layer 0's output (GCNII's initial embedding)
             for layer in range(L):
                 if layer > 0:
                     with torch.no_grad():
@@ -96,8 +104,12 @@ def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_
                         h.register_hook(lambda g, extra=applied[layer][n]: g + extra)
                 # the slot's rows carry their gradient (in hybrid parallelism across partitions too)
                 mixed = table.index_put((torch.cat(nodes),), torch.cat(hs))
-                out = layers[layer](mixed, data.edge_index)
+                x0 = None  # only the slot's own rows of x0 reach its outputs: zeros elsewhere
+                if h0s:
+                    x0 = torch.zeros(N, h0s[0].size(-1)).index_put((torch.cat(nodes),), torch.cat(h0s))
+                out = call_layer(layers[layer], mixed, data.edge_index, x0)
                 hs = [out[n] for n in nodes]
+                h0s = hs if layer == 0 else h0s
             outs += hs
             order += nodes
         full = torch.zeros(N, outs[0].size(-1)).index_put((torch.cat(order),), torch.cat(outs))

@@ -132,3 +132,35 @@ def test_hybrid_rank_keeps_its_partition_tables_and_graph(tmp_path, graph):
         assert tables * rows * d * 4 <= 1.01 * p[f"memory/history_bytes/rank{s}"] / G + tables * halos[g].numel() * d * 4
         # its partition's half of the edges and halos, plus every chunk's inner ids (10% of the full graph here)
         assert h[f"memory/graph_bytes/rank{rank}"] <= 0.6 * full_graph
+
+
+def test_one_partition_exchange_does_nothing_and_a_wrong_one_is_refused():
+    """``PartitionExchange()`` (pure pipeline parallelism) keeps the pipeline's own behaviour: every chunk, the
+    stage decides its table rows, halo rows straight from the table, sums and gradient sums untouched."""
+    from lightning_gnnpipe.comm.partitions import PartitionExchange
+    from lightning_gnnpipe.history.history import History
+
+    one = PartitionExchange()
+    assert one.chunks(5) == [0, 1, 2, 3, 4] and one.graph_chunks(5) is None
+    assert one.table_rows(None, [0, 1]) is None
+    t = torch.arange(6.0).view(3, 2)
+    assert one.sum(t, "logits") is t and torch.equal(t, torch.arange(6.0).view(3, 2))
+    p = torch.nn.Parameter(torch.ones(2))
+    p.grad = torch.full((2,), 3.0)
+    one.sum_grads([p])
+    assert p.grad.tolist() == [3.0, 3.0]
+    table = History(4, 2)
+    table.push(torch.tensor([2, 3]), torch.tensor([[5.0, 6.0], [7.0, 8.0]]))
+    out = torch.zeros(2, 2)
+    one.halo_into(torch.zeros(1, 2), 0, torch.tensor([3, 2]), out, table)
+    assert out.tolist() == [[7.0, 8.0], [5.0, 6.0]]
+    with pytest.raises(ValueError, match=r"`part` must be in \[0, 2\) \(got 2\)"):
+        PartitionExchange(num_parts=2, part=2)
+    with pytest.raises(ValueError, match="2 partitions need the chunk plan"):
+        PartitionExchange(num_parts=2, part=0)
+    graph = sbm_graph(num_nodes=40)
+    plan = GraphChunkDataModule(graph, num_chunks=4, num_parts=2).plan
+    two = PartitionExchange(plan, 2, 0)
+    assert two.chunks(4) == [0, 2] and two.graph_chunks(4) == [0, 2]
+    with pytest.raises(RuntimeError, match="chunk 1 is not one of partition 0's"):
+        two.halo_into(torch.zeros(1, 2), 1, torch.tensor([0]), torch.zeros(1, 2))

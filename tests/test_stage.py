@@ -179,7 +179,7 @@ def test_sparse_and_edge_list_stages_give_equal_outputs_and_gradients(cora, name
         torch.manual_seed(0)
         gnn = make(cora.num_features, 7).eval()
         plan, stages = make_stages(gnn, cora, num_chunks=4, num_stages=2, sparse=sparse)
-        assert all(caller.sparse == sparse for st in stages for caller in st._callers)
+        assert all(caller.sparse == sparse for st in stages for caller in st.runner.callers)
         out = refreshed_chunked_forward(plan, stages, cora.x)
         weight = torch.linspace(-1, 1, out.numel()).view_as(out)  # a loss whose gradient differs per entry
         (out * weight).sum().backward()

@@ -20,7 +20,7 @@ every cross-partition halo row once forward, and the same-slot ones once backwar
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -133,26 +133,6 @@ def build_slot_plans(plan: ChunkPlan, num_parts: int, part: int) -> List[Optiona
     return plans
 
 
-class StageExchange:
-    """The halo exchange of one hybrid stage: its chunks' :class:`SlotPlan` s, group and byte counter.
-
-    Args:
-        plans: From :func:`build_slot_plans` (moved to the stage's device).
-        group: The stage's graph-parallel process group (the ``G`` ranks holding this stage).
-        stats: Where to count the bytes (``None``: not counted).
-    """
-
-    def __init__(self, plans: List[Optional[SlotPlan]], group=None, stats: Optional[CommStats] = None) -> None:
-        self.plans, self.group, self.stats = plans, group, stats
-
-    def __call__(self, h: Tensor, c: int) -> Tuple[Tensor, SlotPlan]:
-        """Send chunk ``c``'s rows ``h`` ``(n_c, d)``; return the received rows and the plan."""
-        plan = self.plans[c]
-        if plan is None:
-            raise RuntimeError(f"StageExchange: chunk {c} does not belong to this rank's partition.")
-        return RowExchange.apply(h, plan, self.stats, self.group), plan
-
-
 class RowExchange(torch.autograd.Function):
     """``received = exchange(h)`` over ``all_to_all_single``; backward sends received rows' gradients back.
 
@@ -191,13 +171,3 @@ def _exchange(send: Tensor, recv_counts: List[int], send_counts: List[int], stat
         dist.all_to_all_single(recv, send, recv_counts, send_counts, group=group)
     stats.record(kind, sent=nbytes(send), recv=nbytes(recv))
     return recv
-
-
-def halo_rows(received: Tensor, plan: SlotPlan, halo_size: int) -> Tensor:
-    """Place the live received rows at their position in the chunk's halo ``(halo_size, d)``.
-
-    Under graph parallelism every halo row is live, so the result is the whole halo; under hybrid
-    parallelism the other positions are left uninitialised (the caller overwrites them from its table).
-    """
-    return received.new_empty(halo_size, received.size(1)).index_put(
-        (plan.live_pos,), received.index_select(0, plan.back_sel))

@@ -23,8 +23,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from lightning_gnnpipe.comm.accounting import CommStats
-from lightning_gnnpipe.comm.exchange import StageExchange, build_slot_plans
-from lightning_gnnpipe.comm.replicas import all_reduce_grads, broadcast_blocks
+from lightning_gnnpipe.comm.partitions import PartitionExchange
 from lightning_gnnpipe.data.chunk import ChunkPlan
 from lightning_gnnpipe.data.chunk_graph import build_chunk_graph, storage_bytes
 from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
@@ -103,26 +102,23 @@ class PipelineRuntime:
         self.num_nodes, self.num_virtual_stages = plan.num_nodes, len(stage_layers)
         self.data_dtype = x.dtype
         self.boundary_dtype = boundary_dtype or x.dtype
-        G, g = layout.graph_parallel_size, layout.partition_index
-        self.chunk_ids = list(range(g, plan.num_chunks, G))  # this pipeline's micro-batches, in order
+        # this rank's graph partition: a no-op with G = 1; with G > 1 (one stage per rank: multi-stage schedules are
+        # refused) the exchange with the G ranks of its stage, the chunks it runs and the replicas' weights
+        self.partitions = PartitionExchange(plan, layout.graph_parallel_size, layout.partition_index,
+                                            layout.partition_group, stats, device)
+        self.chunk_ids = self.partitions.chunks(plan.num_chunks)  # this pipeline's micro-batches, in order
         carry_x0 = any(takes_x0(b) for b in blocks)
         self.stages: List[GNNStage] = []
         for i in layout.stage_ids:
             own = [blocks[layer] for layer in stage_layers[i]]
             graph = build_chunk_graph(plan, edge_index, norm_keys(own), device, dtype=x.dtype,
-                                      chunks=self.chunk_ids if G > 1 else None,
+                                      chunks=self.partitions.graph_chunks(plan.num_chunks),
                                       **chunk_graph_options(own, autocast=self.boundary_dtype != x.dtype))
-            exchange = None
-            if G > 1:  # one stage per rank (multi-stage schedules are refused with G > 1)
-                slots = [p.to(device) if p is not None else None for p in build_slot_plans(plan, G, g)]
-                exchange = StageExchange(slots, layout.partition_group, stats)
-                # every pipeline takes partition 0's weights (global rank s of stage s)
-                broadcast_blocks(own, src=layout.position, group=layout.partition_group)
+            self.partitions.broadcast(own)  # every pipeline takes partition 0's weights
             self.stages.append(GNNStage(own, stage_layers[i], dims, graph, x=x if 0 in stage_layers[i] else None,
                                         history_momentum=history_momentum, halo_gradients=halo_gradients,
-                                        history_dtype=history_dtype,
-                                        carry_x0=carry_x0, exchange=exchange, stage_index=i,
-                                        activation_checkpointing=activation_checkpointing, chunks=self.chunk_ids))
+                                        history_dtype=history_dtype, carry_x0=carry_x0, partitions=self.partitions,
+                                        stage_index=i, activation_checkpointing=activation_checkpointing))
         # The first stage reads its chunks' rows from `x` itself (GNNStage): the schedule gets one placeholder row
         # per micro-batch, not a padded copy of the features.
         self.first_input: Optional[Tensor] = None
@@ -138,7 +134,7 @@ class PipelineRuntime:
         tables = [t for st in self.stages for m in (*st.histories.values(), *st.halo_grads.values())
                   for t in m.buffers()]
         tables += [t for st in self.stages for m in st.histories.values() for t in (m.node_ids, m.row_of)]
-        graph = sum(st.graph.nbytes() for st in self.stages) + storage_bytes(t for st in self.stages for t in st._rows)
+        graph = sum(st.graph.nbytes() for st in self.stages) + storage_bytes(t for st in self.stages for t in st.runner.local_ids)
         return storage_bytes(tables), graph
 
     @property
@@ -155,7 +151,7 @@ class PipelineRuntime:
                 ``"deferred"`` (GPipe only), ``"separable"`` or ``"chunk"``.
         """
         lay, last = self.layout, self.num_virtual_stages - 1
-        gather = self._sum_partitions if lay.graph_parallel_size > 1 else None
+        gather = (lambda logits: self.partitions.sum(logits, "logits")) if self.partitions.size > 1 else None
         self.loss = PipelineLoss(self.stages[-1].graph, self.num_nodes, loss_mode, chunks=self.chunk_ids,
                                  gather=gather) if last in lay.stage_ids else None
         modules, in_dtypes, out_dtypes = [], [], []
@@ -201,19 +197,10 @@ class PipelineRuntime:
         else:
             logits = torch.empty(self.num_nodes, self.dims[-1], device=self.device, dtype=self.data_dtype)
         dist.broadcast(logits, src=lay.global_ranks[lay.last_position], group=lay.pipeline_group)
-        if lay.graph_parallel_size > 1:
-            all_reduce_grads([p for st in self.stages for p in st.parameters()], self.stats,
-                             lay.graph_parallel_size, lay.partition_group)
+        self.partitions.sum_grads(p for st in self.stages for p in st.parameters())
         self.recorder.end()
         self.stats.record_broadcast("logits", logits, lay.last_position, lay.position, len(lay.global_ranks))
         return logits, (self.loss.step_output if self.loss is not None else None)
-
-    def _sum_partitions(self, partial: Tensor) -> Tensor:
-        """Hybrid: sum the last stages' logits ``(|V|, C)`` (each nonzero on its partition only)."""
-        with self.stats.waiting():
-            dist.all_reduce(partial, group=self.layout.partition_group)
-        self.stats.record_all_reduce("logits", partial, self.layout.graph_parallel_size)
-        return partial
 
     def full_forward(self, write_history: bool = False,
                      drift: Optional[Dict[int, Tuple[float, float]]] = None) -> Tensor:

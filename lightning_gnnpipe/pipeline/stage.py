@@ -8,6 +8,11 @@ it receives the chunk's own rows ``(M, d)`` (padded), and for each owned layer i
    epoch, historical otherwise), detached,
 3. runs the block on ``[inner; halo]`` and keeps the inner rows.
 
+The loop over the blocks is :class:`~lightning_gnnpipe.nn.chunk_runner.ChunkRunner`'s, shared with graph
+parallelism; this module adds what GNNPipe adds: the history tables that fill the halo rows. Under hybrid
+parallelism the stage's :class:`~lightning_gnnpipe.comm.partitions.PartitionExchange` also sends and receives the
+rows of the other partitions (with ``G = 1`` it does nothing).
+
 The first layer reads its halo rows straight from the node features, which never go stale.
 Only the chunk's own rows leave the stage, padded back to ``M`` rows. Every block call declares
 the global node id of each row and the epoch (:func:`~lightning_gnnpipe.nn.node_rows`), so that
@@ -19,18 +24,14 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
-from lightning_gnnpipe.comm.exchange import StageExchange
+from lightning_gnnpipe.comm.partitions import PartitionExchange
+from lightning_gnnpipe.data.chunk_graph import ChunkGraph
 from lightning_gnnpipe.history.halo_grad import HaloGradients, check_halo_gradients
 from lightning_gnnpipe.history.history import History
-from lightning_gnnpipe.nn.dropout import node_rows
-from lightning_gnnpipe.nn.chunk_call import ChunkCaller
-from lightning_gnnpipe.nn.stack import call_block, uses_graph
-from lightning_gnnpipe.data.chunk_graph import ChunkGraph
+from lightning_gnnpipe.nn.chunk_runner import ChunkRunner
 
 BOUNDARY_ROWS = 0.9
 """Tables keep rows for the boundary nodes alone (a row map) when they are at most this fraction of ``|V|``: on real
@@ -60,15 +61,18 @@ class GNNStage(nn.Module):
         activation_checkpointing: Recompute each block's forward in the backward pass
             (``torch.utils.checkpoint``): between a chunk's forward and backward the stage keeps only every
             block's input ``(n_c + h_c, d)``, not the block's intermediate tensors. Results are identical.
+        partitions: This stage's graph partition and its exchanges with the other partitions' ranks
+            (:class:`~lightning_gnnpipe.comm.partitions.PartitionExchange`; default: one partition, no exchange).
+            The stage runs that partition's chunks only. With ``G > 1`` (hybrid parallelism; needs
+            ``halo_gradients="detach"``) its tables hold the rows of those chunks and their halos, and
+            :meth:`forward_full` sums the partitions' rows; with ``G = 1`` a table holds rows for the boundary nodes
+            only (the nodes in some chunk's halo: the only rows ever read) when they are at most
+            :data:`BOUNDARY_ROWS` of ``|V|``.
         stage_index: The (virtual) stage index, recorded on errors raised in :meth:`forward` (:data:`STAGE_ERROR`).
-        exchange: Hybrid parallelism only: the halo exchange with the other partitions' ranks of this
-            stage (:class:`~lightning_gnnpipe.comm.exchange.StageExchange`); needs ``halo_gradients="detach"``.
-            The stage then runs only ``chunks`` (its partition's), its history tables hold the rows of those
-            chunks and their halos (not ``|V|``), and :meth:`forward_full` sums the partitions' rows over the
-            exchange's group. Without it a table holds rows for the boundary nodes only (the nodes in some chunk's
-            halo: the only rows ever read) when they are at most :data:`BOUNDARY_ROWS` of ``|V|``.
-        chunks: The chunks this stage runs (default: all); with ``exchange``, ``graph`` needs halos and edges of
-            these only.
+
+    Raises:
+        ValueError: ``halo_gradients`` unknown, ``"stale"`` with ``G > 1``, or layer 0 here without ``x``.
+        RuntimeError: The partition exchange delivers rows this stage keeps no table row for.
 
     Shapes:
         forward: ``h`` ``(M, dims[l_s])`` -> ``(M, dims[l_{s+1}])``; ``chunk_id`` ``(1,)``. The first stage ignores
@@ -90,17 +94,16 @@ class GNNStage(nn.Module):
         halo_gradients: str = "detach",
         carry_x0: bool = False,
         activation_checkpointing: bool = False,
-        exchange: Optional[StageExchange] = None,
+        partitions: Optional[PartitionExchange] = None,
         stage_index: int = 0,
-        chunks: Optional[List[int]] = None,
     ) -> None:
         super().__init__()
         self.stage_index = stage_index
         check_halo_gradients(halo_gradients, "GNNStage")
-        if exchange is not None and halo_gradients != "detach":
-            raise ValueError("GNNStage: `halo_gradients='stale'` is not supported with a hybrid halo `exchange` "
-                             "(got 'stale'). Use 'detach'.")
-        self.exchange = exchange
+        self.partitions = partitions if partitions is not None else PartitionExchange()
+        if self.partitions.size > 1 and halo_gradients != "detach":
+            raise ValueError("GNNStage: `halo_gradients='stale'` is not supported with hybrid parallelism "
+                             f"({self.partitions.size} partitions; got 'stale'). Use 'detach'.")
         if 0 in layer_ids and x is None:
             raise ValueError("GNNStage: the stage that owns layer 0 needs the node features `x` (got None).")
         self.blocks = nn.ModuleList(blocks)
@@ -110,37 +113,29 @@ class GNNStage(nn.Module):
         self.in_channels = dims[layer_ids[0]]
         self.out_channels = dims[layer_ids[-1] + 1]
         self.carry_x0 = carry_x0
-        self.activation_checkpointing = activation_checkpointing
         self.x0_channels = dims[1]
         self.is_first, self.is_last = layer_ids[0] == 0, layer_ids[-1] == len(dims) - 2
         self.epoch = 0  # keys NodeDropout's masks (next_epoch)
-        self._uses_graph = [uses_graph(b) for b in blocks]
-        self._callers = [ChunkCaller(b, graph) for b in blocks]  # sparse adjacency or edge list, per block
+        self.chunks = self.partitions.chunks(graph.num_chunks)
+        self.runner = ChunkRunner(blocks, layer_ids, graph, x=x, chunks=self.chunks, carry_x0=carry_x0,
+                                  activation_checkpointing=activation_checkpointing)
         num_nodes = sum(int(n.numel()) for n in graph.nodes)
-        device = graph.nodes[0].device
-        self.chunks = list(range(graph.num_chunks)) if chunks is None else list(chunks)
-        mine = set(self.chunks)
-        self._rows = [torch.cat([n, h]) if c in mine else n[:0]  # global id of each local row of the chunks it runs
-                      for c, (n, h) in enumerate(zip(graph.nodes, graph.halo))]
         rows: Dict[str, Tensor] = {}
         self._pushed: List[Optional[Tensor]] = [None] * graph.num_chunks  # per chunk: its rows that have a table row
-        if exchange is not None:  # hybrid: rows of this partition's chunks and of their halos only
-            ids = torch.cat([t for c in self.chunks for t in (graph.nodes[c], graph.halo[c])]).unique()
-            rows = self._row_map(ids, num_nodes)
-            received = [p.recv_ids for c, p in enumerate(exchange.plans) if p is not None and c in mine]
-            if received and bool((rows["row_of"][torch.cat(received)] < 0).any()):  # would read and write row -1
-                raise RuntimeError("GNNStage: the hybrid exchange delivers rows of nodes outside this partition's "
-                                   "chunks and halos; the chunk plan and the slot plans do not match.")
+        ids = self.partitions.table_rows(graph, self.chunks)
+        if ids is not None:  # hybrid: rows of this partition's chunks and of their halos only
+            rows = _row_map(ids, num_nodes)
         else:  # only boundary nodes (some chunk's halo) are ever read from a table: keep rows for them alone
             ids = torch.cat([graph.halo[c] for c in self.chunks]).unique()
             if ids.numel() <= BOUNDARY_ROWS * num_nodes:
-                rows = self._row_map(ids, num_nodes)
+                rows = _row_map(ids, num_nodes)
                 for c in self.chunks:
                     self._pushed[c] = (rows["row_of"][graph.nodes[c]] >= 0).nonzero().view(-1)
         self.histories = nn.ModuleDict()
         self.halo_grads = nn.ModuleDict()
+        device = graph.nodes[0].device
         for j, layer in enumerate(self.layer_ids):
-            if layer > 0 and self._uses_graph[j]:
+            if layer > 0 and self.runner.uses_graph[j]:
                 self.histories[str(layer)] = History(num_nodes, dims[layer], device=device, momentum=history_momentum,
                                                      dtype=history_dtype, **rows)
                 if halo_gradients == "stale":
@@ -156,23 +151,6 @@ class GNNStage(nn.Module):
         """Width of each tensor this stage returns (``h``, then ``h0`` when carried)."""
         return [self.out_channels] + ([self.x0_channels] if self.carry_x0 and not self.is_last else [])
 
-    @staticmethod
-    def _row_map(ids: Tensor, num_nodes: int) -> Dict[str, Tensor]:
-        """Table rows for the sorted global ids ``ids`` only: ``node_ids`` and ``row_of`` (``-1``: no row)."""
-        row_of = torch.full((num_nodes,), -1, dtype=torch.long, device=ids.device)
-        row_of[ids] = torch.arange(ids.numel(), device=ids.device)
-        return {"node_ids": ids, "row_of": row_of}
-
-    def _run_block(self, j: int, x_local: Tensor, c: int, h0: Optional[Tensor]) -> Tensor:
-        if h0 is not None:  # x0 of halo rows is never used for inner outputs: pad with zeros
-            h0 = F.pad(h0, (0, 0, 0, x_local.size(0) - h0.size(0)))
-        if self.activation_checkpointing and torch.is_grad_enabled() and x_local.requires_grad:
-            # Keep only the block's input until the backward pass, which runs the block again (same dropout draws:
-            # the RNG state is saved with it). History writes and halo reads happen outside, so the rerun sees the
-            # very inputs of the first run.
-            return checkpoint(self._callers[j], x_local, c, self._rows[c], self.epoch, h0, use_reentrant=False)
-        return self._callers[j](x_local, c, self._rows[c], self.epoch, h0)
-
     def _outputs(self, h: Tensor, h0: Optional[Tensor], rows: int):
         pad = lambda t: F.pad(t, (0, 0, 0, rows - t.size(0)))  # noqa: E731
         if self.carry_x0 and not self.is_last:
@@ -186,7 +164,11 @@ class GNNStage(nn.Module):
         strategy can find it under the ``RuntimeError`` torch's pipelining stage wraps it in.
         """
         try:
-            return self._forward_chunk(h, *carried, chunk_id=chunk_id)
+            c = int(chunk_id.reshape(-1)[0])
+            n = self.graph.nodes[c].numel()
+            h = self.x[self.graph.nodes[c]] if self.is_first else h[:n]  # the first stage's input: a placeholder
+            h, h0 = self.runner.run(h, carried[0][:n] if carried else None, c, self.epoch, self._fill_halo)
+            return self._outputs(h, h0, self.graph.max_chunk_size)
         except Exception as exc:
             try:
                 setattr(exc, STAGE_ERROR, self.stage_index)
@@ -194,49 +176,23 @@ class GNNStage(nn.Module):
                 pass
             raise
 
-    def _forward_chunk(self, h: Tensor, *carried: Tensor, chunk_id: Tensor):
-        c = int(chunk_id.reshape(-1)[0])
+    def _fill_halo(self, layer: int, h: Tensor, c: int, out: Tensor) -> Tensor:
+        """GNNPipe's halo rows of ``layer`` for chunk ``c`` (:data:`~lightning_gnnpipe.nn.chunk_runner.HaloFill`).
+
+        The chunk's own rows ``h`` ``(n_c, d)`` go into the layer's table first (fresh for the chunks after it); the
+        halo rows ``out`` ``(h_c, d)`` are then read from the table, detached, or under hybrid parallelism partly
+        received live from the other partitions.
+        """
         nodes, halo = self.graph.nodes[c], self.graph.halo[c]
-        n = nodes.numel()
-        h = self.x[nodes] if self.is_first else h[:n]  # the first stage's input is a placeholder row
-        h0 = carried[0][:n] if carried else None
-        for j, layer in enumerate(self.layer_ids):
-            if not self._uses_graph[j]:
-                with node_rows(nodes, self.epoch):
-                    h = call_block(self.blocks[j], h, self.graph.edge_index[c][:, :0], h0)
-                h0 = h if layer == 0 and self.carry_x0 else h0
-                continue
-            if layer > 0:
-                table = self.histories[str(layer)]
-                pushed = self._pushed[c]  # None: all of the chunk's rows
-                table.push(nodes, h) if pushed is None else table.push(nodes[pushed], h[pushed])
-            if self.exchange is None and str(layer) not in self.halo_grads:  # the common case: one copy of the rows
-                x_local = h.new_empty(n + halo.numel(), h.size(1))
-                if layer == 0:
-                    torch.index_select(self.x, 0, halo, out=x_local[n:])
-                else:
-                    table.pull_into(halo, x_local[n:])
-                x_local[:n] = h  # (differentiable: the inner rows' gradient flows back to h)
-                h = self._run_block(j, x_local, c, h0)[:n]
-                h0 = h if layer == 0 and self.carry_x0 else h0
-                continue
-            if layer == 0:
-                halo_rows = self.x[halo]
-            else:
-                if self.exchange is not None:  # hybrid: rows of the other partitions' chunks of this slot
-                    received, plan = self.exchange(h, c)
-                    table.push(plan.recv_ids, received)
-                    halo_rows = table.pull(halo, h.dtype).index_put((plan.live_pos,),
-                                                                    received.index_select(0, plan.back_sel))
-                else:
-                    halo_rows = table.pull(halo, h.dtype)
-                if str(layer) in self.halo_grads:
-                    grads = self.halo_grads[str(layer)]
-                    halo_rows = grads.collect(halo_rows, halo)
-                    h = grads.apply(h, nodes)
-            h = self._run_block(j, torch.cat([h, halo_rows.to(h.dtype)]), c, h0)[:n]
-            h0 = h if layer == 0 and self.carry_x0 else h0
-        return self._outputs(h, h0, self.graph.max_chunk_size)
+        table = self.histories[str(layer)]
+        pushed = self._pushed[c]  # None: all of the chunk's rows
+        table.push(nodes, h) if pushed is None else table.push(nodes[pushed], h[pushed])
+        if str(layer) in self.halo_grads:  # stale halo gradients (one partition only)
+            grads = self.halo_grads[str(layer)]
+            out.copy_(grads.collect(table.pull(halo, h.dtype), halo))
+            return grads.apply(h, nodes)
+        self.partitions.halo_into(h, c, halo, out, table)
+        return h
 
     def next_epoch(self, epoch: Optional[int] = None) -> None:
         """Start a training epoch: last epoch's collected halo gradients become the ones applied.
@@ -268,28 +224,20 @@ class GNNStage(nn.Module):
         Returns:
             Output embeddings of all nodes ``(|V|, dims[l_{s+1}])`` (and ``h0`` when carried).
         """
-        g = self.graph
-        h0 = carried[0] if carried else None
-        for j, layer in enumerate(self.layer_ids):
+        def refresh(layer: int, inputs: Tensor) -> None:
             if write_history and str(layer) in self.histories:
-                d = self.histories[str(layer)].refresh(h)
+                d = self.histories[str(layer)].refresh(inputs)
                 if drift is not None:
                     drift[layer] = d
-            if not self._uses_graph[j]:
-                with node_rows(torch.arange(h.size(0), device=h.device), self.epoch):
-                    h = call_block(self.blocks[j], h, g.edge_index[0][:, :0], h0)
-            else:
-                out: Optional[Tensor] = None
-                for c in self.chunks:
-                    nodes, halo = g.nodes[c], g.halo[c]
-                    x0 = None if h0 is None else h0[nodes]
-                    o = self._run_block(j, torch.cat([h[nodes], h[halo]]), c, x0)[: nodes.numel()]
-                    if out is None:
-                        out = o.new_zeros(h.size(0), o.size(-1))
-                    out[nodes] = o
-                assert out is not None
-                if self.exchange is not None:  # every partition computed its own chunks' rows, zeros elsewhere
-                    dist.all_reduce(out, group=self.exchange.group)
-                h = out
-            h0 = h if layer == 0 and self.carry_x0 else h0
+
+        # every partition computes its own chunks' rows (zeros elsewhere): the sum over partitions is the layer
+        h, h0 = self.runner.run_full(h, carried[0] if carried else None, self.epoch, before_layer=refresh,
+                                     combine=self.partitions.sum)
         return self._outputs(h, h0, h.size(0))
+
+
+def _row_map(ids: Tensor, num_nodes: int) -> Dict[str, Tensor]:
+    """Table rows for the sorted global ids ``ids`` only: ``node_ids`` and ``row_of`` (``-1``: no row)."""
+    row_of = torch.full((num_nodes,), -1, dtype=torch.long, device=ids.device)
+    row_of[ids] = torch.arange(ids.numel(), device=ids.device)
+    return {"node_ids": ids, "row_of": row_of}

@@ -83,7 +83,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         graph_parallel_size: ``G``, graph partitions for hybrid parallelism. The ``devices * num_nodes``
             processes form ``S = devices * num_nodes / G`` stages x ``G`` partitions: rank ``g * S + s`` runs
             stage ``s`` of partition ``g``'s pipeline, and the ``G`` ranks of a stage exchange halo rows and
-            sum weight gradients (:mod:`~lightning_gnnpipe.comm.exchange`; the rank mesh:
+            sum weight gradients (:mod:`~lightning_gnnpipe.comm.partitions`; the rank mesh:
             :mod:`~lightning_gnnpipe.strategy.topology`). The DataModule must be cut with ``num_parts=G``.
             Default 1 (pure pipeline parallelism). ``G`` = number of processes and one chunk per partition is
             exact graph parallelism.

@@ -4,7 +4,7 @@ The baseline GNNPipe (arXiv 2308.10087, Sec. 2 and 6) is measured against: each 
 processes owns one METIS part of the graph and runs *every* layer on its part
 (:class:`~lightning_gnnpipe.strategy.partition_forward.PartitionForward`); before each message-passing layer it
 fetches its halo rows from their owners, and in the backward pass it returns their gradients
-(:mod:`lightning_gnnpipe.comm.exchange`). Weight gradients are summed over the processes with one all-reduce, so
+(:mod:`lightning_gnnpipe.comm.partitions`). Weight gradients are summed over the processes with one all-reduce, so
 training is exactly full-graph training: no staleness, no dropped gradient paths. It shares the Lightning plumbing
 with :class:`~lightning_gnnpipe.GNNPipeStrategy` (:class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`),
 and the layer-stack discovery, chunk-local edges and full-graph GCN normalisation, so both modes run the same
@@ -23,8 +23,7 @@ from lightning.pytorch import LightningModule, Trainer
 from torch import Tensor
 
 from lightning_gnnpipe.comm.accounting import CommStats
-from lightning_gnnpipe.comm.exchange import build_slot_plans
-from lightning_gnnpipe.comm.replicas import all_reduce_grads, broadcast_blocks
+from lightning_gnnpipe.comm.partitions import PartitionExchange
 from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.nn.feature_norm import check_feature_norms
@@ -132,11 +131,10 @@ class GraphParallelStrategy(WholeGraphStrategy):
         r = self.global_rank
         graph = build_chunk_graph(plan, data.edge_index, norm_keys(stack.blocks), device, dtype=x.dtype, chunks=[r],
                                   **chunk_graph_options(stack.blocks, autocast=self._boundary_dtype != x.dtype))
-        group = self.exchange_group  # every rank, with the exchange timeout
-        broadcast_blocks(stack.blocks, src=0, group=group)  # every part starts from rank 0's weights and dropout seeds
-        exchange = build_slot_plans(plan, self.num_parts, r)[r]  # one slot: K = G, every halo row live
-        assert exchange is not None
-        self._forward = PartitionForward(stack.blocks, graph, r, exchange.to(device), x, group)
+        # one slot (K = G): every halo row live; every rank of the world, with the exchange timeout
+        partitions = PartitionExchange(plan, self.num_parts, r, self.exchange_group, self.comm_stats, device)
+        partitions.broadcast(stack.blocks)  # every part starts from rank 0's weights and dropout seeds
+        self._forward = PartitionForward(stack.blocks, graph, partitions, x)
         self._nodes = graph.nodes
         self._rows = plan.max_chunk_size
         self._params = list(dict.fromkeys(p for b in stack.blocks for p in b.parameters() if p.requires_grad))
@@ -169,12 +167,12 @@ class GraphParallelStrategy(WholeGraphStrategy):
         stats.reset()
         t0 = stats.clock.mark()  # CUDA events on a GPU: the step's kernels, not their launches
         with self.precision_plugin.train_step_context():
-            out = self._forward(stats, epoch=lm.trainer.current_epoch)
+            out = self._forward(epoch=lm.trainer.current_epoch)
             logits = self._gather_logits(out, stats)
             grad, output = output_grad(lambda full: run_training_step(lm, self._stack.module, full, batch, args,
                                                                       kwargs), logits)
             out.backward(grad[self._nodes[self.global_rank]])
-            all_reduce_grads(self._params, stats, self.num_parts, self.exchange_group)
+            self._forward.partitions.sum_grads(self._params)
         end = stats.clock.mark()
         stats.clock.wait()
         stats.settle()
@@ -185,8 +183,8 @@ class GraphParallelStrategy(WholeGraphStrategy):
     def full_logits(self) -> Tensor:
         """Exact full-graph forward (no grad); the logits ``(|V|, C)`` on every rank."""
         assert self._forward is not None
-        with torch.no_grad():
-            return self._gather_logits(self._forward(None), None)
+        with torch.no_grad(), self._forward.partitions.uncounted():
+            return self._gather_logits(self._forward(), None)
 
     def teardown(self) -> None:
         self._forward = None

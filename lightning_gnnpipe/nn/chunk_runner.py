@@ -1,0 +1,165 @@
+"""Run consecutive layer blocks on one chunk: the one per-chunk loop of a pipeline stage and of a graph partition.
+
+A chunk ``c`` holds ``n_c`` inner rows (a pipeline micro-batch, or under graph parallelism a rank's whole partition)
+and reads ``h_c`` halo rows. :meth:`ChunkRunner.run` takes the inner rows through every block in turn:
+
+* a node-wise block (no message passing) runs on the inner rows alone;
+* a message-passing block runs on the local rows ``[inner; halo]`` (``n_c + h_c``) through the chunk's kernels
+  (:class:`~lightning_gnnpipe.nn.chunk_call.ChunkCaller`), and the inner rows of its output are kept. Layer 0's halo
+  rows are the node features; a later layer's come from the caller (:data:`HaloFill`): a stage's history tables
+  (GNNPipe, arXiv 2308.10087, Sec. 4), the rows the other partitions send (graph parallelism), or both (hybrid).
+
+When the model carries the initial embedding ``x0`` (GCNII, arXiv 2007.02133: block 0's output), every block that
+takes it gets the inner rows' ``x0``, padded with zeros for the halo rows (a GCNII layer mixes ``x0`` row by row, so
+those rows never reach an inner output). :meth:`ChunkRunner.run_full` is the exact whole-graph forward of the same
+blocks, layer by layer, every chunk reading exact halo rows.
+
+Every block call declares the global node id of each row and the epoch (:func:`~lightning_gnnpipe.nn.node_rows`), so
+that :class:`~lightning_gnnpipe.nn.NodeDropout` drops a halo row exactly as its owner chunk does.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from lightning_gnnpipe.data.chunk_graph import ChunkGraph
+from lightning_gnnpipe.nn.chunk_call import ChunkCaller
+from lightning_gnnpipe.nn.dropout import node_rows
+from lightning_gnnpipe.nn.stack import call_block, uses_graph
+
+HaloFill = Callable[[int, Tensor, int, Tensor], Tensor]
+"""``fill(layer, h, c, out) -> h``: write chunk ``c``'s halo rows of ``layer`` (``>= 1``) into ``out`` ``(h_c, d)``
+(differentiably where their gradient matters) and return the inner rows ``h`` ``(n_c, d)`` the block should get."""
+
+Combine = Callable[[Tensor], Tensor]
+"""``combine(out) -> out``: what :meth:`ChunkRunner.run_full` does with a layer's ``(|V|, d)`` output, whose rows are
+those of the chunks this runner runs (zeros elsewhere), before the next layer (e.g. a sum over partitions)."""
+
+
+class ChunkRunner:
+    """The blocks of one stage (or of the whole model) and how they run on one chunk.
+
+    Args:
+        blocks: The layer blocks, in order (the user's modules, shared, not copied).
+        layer_ids: Global index of each block in the model, consecutive.
+        graph: Chunk-local graph structure.
+        x: Node features ``(|V|, F)``; needed when ``layer_ids`` holds layer 0 (its halo rows), else ``None``.
+        chunks: The chunks this runner runs (default: all of ``graph``'s).
+        carry_x0: Whether some block of the model takes ``x0``; then block 0's output is ``x0``.
+        activation_checkpointing: Recompute each message-passing block in the backward pass
+            (``torch.utils.checkpoint``): between forward and backward only the block's local input is kept.
+
+    Raises:
+        ValueError: ``layer_ids`` holds layer 0 but ``x`` is ``None``.
+
+    Shapes:
+        :meth:`run`: ``h`` ``(n_c, d_in)``, ``h0`` ``(n_c, d_0)`` or ``None`` -> ``(n_c, d_out)`` and ``h0``.
+    """
+
+    def __init__(self, blocks: Sequence[nn.Module], layer_ids: Sequence[int], graph: ChunkGraph,
+                 x: Optional[Tensor] = None, chunks: Optional[Sequence[int]] = None, carry_x0: bool = False,
+                 activation_checkpointing: bool = False) -> None:
+        if 0 in layer_ids and x is None:
+            raise ValueError("ChunkRunner: the blocks hold layer 0, which reads the node features `x` (got None).")
+        self.blocks, self.layer_ids, self.graph, self.x = list(blocks), list(layer_ids), graph, x
+        self.carry_x0, self.activation_checkpointing = carry_x0, activation_checkpointing
+        self.chunks = list(range(graph.num_chunks)) if chunks is None else list(chunks)
+        self.uses_graph = [uses_graph(b) for b in self.blocks]
+        self.callers = [ChunkCaller(b, graph) for b in self.blocks]  # sparse adjacency or edge list, per block
+        mine = set(self.chunks)
+        self.local_ids = [torch.cat([n, h]) if c in mine else n[:0]  # global id of each local row of chunk c
+                          for c, (n, h) in enumerate(zip(graph.nodes, graph.halo))]
+        self._no_edges = graph.nodes[0].new_zeros(2, 0)  # what a node-wise block gets as `edge_index`
+
+    def call(self, j: int, x_local: Tensor, c: int, epoch: int, h0: Optional[Tensor] = None) -> Tensor:
+        """Run message-passing block ``j`` on chunk ``c``'s local rows ``(n_c + h_c, d)``; at least ``n_c`` rows out.
+
+        ``h0``: the inner rows' ``x0`` ``(n_c, d_0)`` for a block that takes it (zero-padded to the local rows).
+        """
+        if h0 is not None:
+            h0 = F.pad(h0, (0, 0, 0, x_local.size(0) - h0.size(0)))
+        if self.activation_checkpointing and torch.is_grad_enabled() and x_local.requires_grad:
+            # Keep only the block's input until the backward pass, which runs the block again (same dropout draws:
+            # the RNG state is saved with it). Halo rows are read and written outside, so the rerun sees the very
+            # inputs of the first run.
+            return checkpoint(self.callers[j], x_local, c, self.local_ids[c], epoch, h0, use_reentrant=False)
+        return self.callers[j](x_local, c, self.local_ids[c], epoch, h0)
+
+    def node_wise(self, j: int, h: Tensor, ids: Tensor, epoch: int, h0: Optional[Tensor] = None) -> Tensor:
+        """Run node-wise block ``j`` on rows ``h`` ``(n, d)`` of the nodes ``ids`` ``(n,)``."""
+        with node_rows(ids, epoch):
+            return call_block(self.blocks[j], h, self._no_edges, h0)
+
+    def run(self, h: Tensor, h0: Optional[Tensor], c: int, epoch: int,
+            halo: HaloFill) -> Tuple[Tensor, Optional[Tensor]]:
+        """Take chunk ``c``'s inner rows ``h`` through every block; return them and ``x0`` (``h0``).
+
+        Args:
+            h: The inner rows entering the first block ``(n_c, d)`` (layer 0: the chunk's features).
+            h0: Their ``x0`` ``(n_c, d_0)`` when carried and block 0 is not among the blocks, else ``None``.
+            c: The chunk.
+            epoch: Keys :class:`~lightning_gnnpipe.nn.NodeDropout`'s masks.
+            halo: Fills the halo rows of every message-passing layer ``>= 1`` (:data:`HaloFill`).
+        """
+        nodes, halo_ids = self.graph.nodes[c], self.graph.halo[c]
+        n = nodes.numel()
+        for j, layer in enumerate(self.layer_ids):
+            if not self.uses_graph[j]:
+                h = self.node_wise(j, h, nodes, epoch, h0)
+            else:  # one copy of the local rows: the inner rows, then the halo rows written in place
+                x_local = h.new_empty(n + halo_ids.numel(), h.size(1))
+                if layer == 0:
+                    _select_into(self.x, halo_ids, x_local[n:])
+                else:
+                    h = halo(layer, h, c, x_local[n:])
+                x_local[:n] = h  # (differentiable: the inner rows' gradient flows back to h)
+                h = self.call(j, x_local, c, epoch, h0)[:n]
+            h0 = h if layer == 0 and self.carry_x0 else h0
+        return h, h0
+
+    def run_full(self, h: Tensor, h0: Optional[Tensor], epoch: int,
+                 before_layer: Optional[Callable[[int, Tensor], None]] = None,
+                 combine: Optional[Combine] = None) -> Tuple[Tensor, Optional[Tensor]]:
+        """Compute every block exactly for the whole graph, layer by layer; return the output and ``x0``.
+
+        Every chunk's halo rows are the exact rows of the layer's input, so the result is the unsplit blocks'.
+
+        Args:
+            h: Input rows of all nodes ``(|V|, d)``.
+            h0: ``x0`` of all nodes ``(|V|, d_0)`` when carried and block 0 is not among the blocks.
+            epoch: Keys NodeDropout's masks.
+            before_layer: Called ``before_layer(layer, h)`` with each layer's input (e.g. a history refresh).
+            combine: Applied to each message-passing layer's output (:data:`Combine`).
+        """
+        g = self.graph
+        for j, layer in enumerate(self.layer_ids):
+            if before_layer is not None:
+                before_layer(layer, h)
+            if not self.uses_graph[j]:
+                h = self.node_wise(j, h, torch.arange(h.size(0), device=h.device), epoch, h0)
+            else:
+                out: Optional[Tensor] = None
+                for c in self.chunks:
+                    nodes, halo = g.nodes[c], g.halo[c]
+                    o = self.call(j, torch.cat([h[nodes], h[halo]]), c, epoch, None if h0 is None else h0[nodes])
+                    if out is None:
+                        out = o.new_zeros(h.size(0), o.size(-1))
+                    out[nodes] = o[: nodes.numel()]
+                assert out is not None
+                h = combine(out) if combine is not None else out
+            h0 = h if layer == 0 and self.carry_x0 else h0
+        return h, h0
+
+
+def _select_into(source: Tensor, index: Tensor, out: Tensor) -> None:
+    """``out[:] = source[index]`` without a second copy (cast to ``out``'s dtype if it differs)."""
+    if out.dtype == source.dtype:
+        torch.index_select(source, 0, index, out=out)
+    else:
+        out.copy_(source[index])
+
