@@ -9,7 +9,7 @@ record appended to ``benchmarks/time_to_accuracy/runs.jsonl`` (``--force`` re-me
 
 * **calibration**: the exact single process on one core (one rank's share of this machine) for the rate derivation.
 * **link**: 2 epochs with validation (the second one timed) of GNNPipe and graph parallelism on the 300k graph in a
-  network namespace whose loopback is shaped to each rate of :func:`derived_rates`: GCNII-16 at every rate, the
+  network namespace whose loopback is shaped to each rate of :func:`~benchmarks.time_to_accuracy.rates.derived_rates`: GCNII-16 at every rate, the
   hybrid 2 x 2 and residual GraphSAGE-8 on the free link and at the 100 Gbit/s rate.
   GNNPipe tuned, ``schedule="gpipe"`` (:data:`TUNED`), with GCNII-16 on the free link and at 100 Gbit/s.
 * **tuning**: GNNPipe's epoch with K = 4 and 16 beside the default K = 8 (2 epochs, no validation).
@@ -21,8 +21,8 @@ record appended to ``benchmarks/time_to_accuracy/runs.jsonl`` (``--force`` re-me
 
 The parts run in this order: the timing-sensitive ones first, each alone on the machine.
 
-Rates (:func:`derived_rates`): a GPU computes an epoch in about the time its HBM needs for the epoch's bytes
-(:func:`gpu_epoch_seconds`); this machine's core needs ``T_cpu`` (calibration). To keep compute : communication as
+Rates (:func:`~benchmarks.time_to_accuracy.rates.derived_rates`): a GPU computes an epoch in about the time its HBM needs for the epoch's bytes
+(:func:`~benchmarks.time_to_accuracy.rates.gpu_epoch_seconds`); this machine's core needs ``T_cpu`` (calibration). To keep compute : communication as
 on GPUs joined by a link of ``B`` Gbit/s, the emulated link gets ``B * T_gpu / T_cpu``.
 """
 
@@ -45,18 +45,15 @@ from benchmarks.harness.memory import GIB, read_process_peaks  # noqa: E402
 from benchmarks.harness.process import classify, log_tail, run_watched  # noqa: E402
 from benchmarks.harness.records import append_cache, cache_key, git_info, host_info, load_cache  # noqa: E402
 from benchmarks.time_to_accuracy.graph import GraphSpec  # noqa: E402
-from benchmarks.time_to_accuracy.models import DEPTH  # noqa: E402
 from benchmarks.time_to_accuracy.link import LinkUnavailable, shaped_loopback  # noqa: E402
+from benchmarks.time_to_accuracy.rates import derived_rates, median  # noqa: E402
 
 CACHE = Path(__file__).resolve().parent / "runs.jsonl"
 PAGE = ROOT / "docs" / "results" / "time_to_accuracy.md"
 EPOCHS = 30
 SMALL, LARGE = 300_000, 1_000_000
-GPU_LINKS_GBIT = (10, 100, 400)  # the clusters whose compute : communication the emulated rates stand for
 TUNED = {"schedule": "gpipe"}  # GNNPipe's tuned option under a link (the link part)
 TUNED_ACCURACY = {"halo_gradients": "stale"}  # GNNPipe's tuned option for GCNII-16's accuracy (the accuracy part)
-HBM_BYTES_PER_S = 3.35e12  # H100 SXM (H200: 4.8e12): the GPU the derivation assumes
-HBM_EFFICIENCY = 0.6  # fraction of it a sparse-dense matmul and the dense kernels reach (a generous bound)
 
 
 def spec(nodes: int, model: str, mode: str, seed: int = 0, epochs: int = EPOCHS, validate: bool = True,
@@ -97,39 +94,6 @@ def calibration_specs() -> List[dict]:
     return [spec(SMALL, m, "exact", epochs=2, validate=False, threads=1) for m in ("ressage8", "gcnii16")]
 
 
-def gpu_epoch_seconds(nodes: int, edges: int, layers: int, width: int = 64) -> float:
-    """A lower bound of a GPU's training epoch (seconds): the bytes its kernels move at :data:`HBM_EFFICIENCY` of
-    :data:`HBM_BYTES_PER_S`.
-
-    Per layer, forward and backward: two sparse-dense products over the ``|E|`` entries (8-byte index, 4-byte value,
-    one gathered row of ``4 d`` bytes each) and about eleven passes over ``|V| x d`` floats (the dense layers' inputs,
-    outputs and gradients, the norm and the activation).
-    """
-    per_layer = 2 * edges * (12 + 4 * width) + 11 * nodes * width * 4
-    return layers * per_layer / (HBM_BYTES_PER_S * HBM_EFFICIENCY)
-
-
-def derived_rates(records: List[dict]) -> Dict[int, dict]:
-    """Per GPU link speed (Gbit/s), the emulated rate (bits/s) that keeps the epoch's compute : communication,
-    from the calibration runs (the smaller of the models' rates: the stricter link)."""
-    rows = {}
-    for gbit in GPU_LINKS_GBIT:
-        best = None
-        for rec in records:
-            s = rec["spec"]
-            if rec["status"] != "ok" or s["mode"] != "exact" or s.get("threads") != 1:
-                continue
-            cpu = median([e["train_s"] for e in rec["epochs"][1:]])
-            depth = DEPTH[s["model"]]
-            gpu = gpu_epoch_seconds(s["graph"]["num_nodes"], rec["num_edges"], depth)
-            rate = gbit * 1e9 * gpu / cpu
-            if best is None or rate < best["rate_bits"]:
-                best = {"rate_bits": rate, "cpu_s": cpu, "gpu_s": gpu, "model": s["model"]}
-        if best is not None:
-            rows[gbit] = best
-    return rows
-
-
 def link_specs(records: List[dict]) -> List[dict]:
     rates = derived_rates(records)
     hundred = rates[100]["rate_bits"] if 100 in rates else None
@@ -143,10 +107,7 @@ def link_specs(records: List[dict]) -> List[dict]:
     return out + [spec(SMALL, "gcnii16", "gnnpipe", epochs=2, rate=r, strategy=TUNED) for r in (None, hundred)]
 
 
-def median(values: List[float]) -> float:
-    values = sorted(values)
-    n = len(values)
-    return values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
+
 
 
 def key_of(s: dict) -> str:

@@ -297,7 +297,7 @@ def time_split(summary: List[dict]) -> List[str]:
 
 
 def write_page(records: List[dict], path: Path, planner: Optional[Dict[tuple, dict]] = None) -> None:
-    from benchmarks.time_to_accuracy.bench import GPU_LINKS_GBIT, HBM_BYTES_PER_S, HBM_EFFICIENCY, derived_rates
+    from benchmarks.time_to_accuracy.rates import GPU_LINKS_GBIT, HBM_BYTES_PER_S, HBM_EFFICIENCY, derived_rates
 
     rates = derived_rates(records)
     acc_lines, derived = accuracy_rows(records)
