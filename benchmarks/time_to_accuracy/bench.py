@@ -2,7 +2,7 @@
 
     python -m benchmarks.time_to_accuracy.bench              # measure what the cache lacks, then write the page
     python -m benchmarks.time_to_accuracy.bench --page-only  # the page from the cache alone
-    python -m benchmarks.time_to_accuracy.bench --only accuracy|tuning|calibration|link
+    python -m benchmarks.time_to_accuracy.bench --only accuracy|tuning|calibration|link|timing|large
 
 Every run is one worker process (:mod:`benchmarks.time_to_accuracy.worker`) watched for the machine's memory, its
 record appended to ``benchmarks/time_to_accuracy/runs.jsonl`` (``--force`` re-measures). Parts:
@@ -12,6 +12,9 @@ record appended to ``benchmarks/time_to_accuracy/runs.jsonl`` (``--force`` re-me
   network namespace whose loopback is shaped to each rate of :func:`~benchmarks.time_to_accuracy.rates.derived_rates`: GCNII-16 at every rate, the
   hybrid 2 x 2 and residual GraphSAGE-8 on the free link and at the 100 Gbit/s rate.
   GNNPipe tuned, ``schedule="gpipe"`` (:data:`TUNED`), with GCNII-16 on the free link and at 100 Gbit/s.
+* **large**: the 1M-node, 20M-edge rung, free link, :data:`EPOCHS` epochs with validation, one seed: residual
+  GraphSAGE-8 under the exact single process, GNNPipe's defaults and graph parallelism, and the MLP (alone on the
+  machine: their seconds are used).
 * **tuning**: GNNPipe's epoch with K = 4 and 16 beside the default K = 8 (2 epochs, no validation).
 * **timing**: the exact single process's epoch measured with nothing else running (2 epochs with validation).
 * **accuracy** (free link, validation every epoch, :data:`EPOCHS` epochs): the exact single process, GNNPipe's
@@ -78,6 +81,12 @@ def accuracy_specs() -> List[dict]:
     # tuned for accuracy: the option docs/convergence.md names for deep GCNII (the default diverges here, see the page),
     # and exact history tables at every epoch's start (one step per epoch: every halo row read is then exact)
     return out + [spec(SMALL, "gcnii16", "gnnpipe", strategy=s) for s in (TUNED_ACCURACY, {"refresh_every": 1})]
+
+
+def large_specs() -> List[dict]:
+    """The 1M-node, 20M-edge rung: residual GraphSAGE-8, one seed, the MLP first (cheap), then exact, GNNPipe's
+    defaults and graph parallelism. Made alone on the machine, so their seconds are quiet ones."""
+    return [spec(LARGE, "ressage8", m) for m in ("mlp", "exact", "gnnpipe", "graph_parallel")]
 
 
 def tuning_specs() -> List[dict]:
@@ -147,7 +156,7 @@ def run(parts: List[str], force: bool, timeout_s: float, cache: Path = CACHE) ->
     done = {r["key"] for r in records if r["status"] == "ok"}
     for part in parts:
         specs = {"calibration": calibration_specs, "tuning": tuning_specs, "accuracy": accuracy_specs,
-                 "timing": timing_specs}.get(part)
+                 "timing": timing_specs, "large": large_specs}.get(part)
         todo = specs() if specs is not None else link_specs(records)
         for s in todo:
             if key_of(s) in done and not force:
@@ -207,13 +216,13 @@ def planner_predictions(records: List[dict]) -> Dict[tuple, dict]:
 
 def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--only", nargs="+", choices=["calibration", "tuning", "accuracy", "timing", "link"])
+    p.add_argument("--only", nargs="+", choices=["calibration", "tuning", "accuracy", "timing", "link", "large"])
     p.add_argument("--page-only", action="store_true")
     p.add_argument("--force", action="store_true")
     p.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per run")
     args = p.parse_args(argv)
     if not args.page_only:
-        run(args.only or ["calibration", "link", "tuning", "timing", "accuracy"], args.force, args.timeout)
+        run(args.only or ["calibration", "link", "tuning", "timing", "large", "accuracy"], args.force, args.timeout)
     from benchmarks.time_to_accuracy.page import write_page
 
     records = load()
