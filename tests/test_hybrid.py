@@ -164,3 +164,7 @@ def test_one_partition_exchange_does_nothing_and_a_wrong_one_is_refused():
     assert two.chunks(4) == [0, 2] and two.graph_chunks(4) == [0, 2]
     with pytest.raises(RuntimeError, match="chunk 1 is not one of partition 0's"):
         two.halo_into(torch.zeros(1, 2), 1, torch.tensor([0]), torch.zeros(1, 2))
+    # the exact forward's exchange: partition 0 receives exactly its halo, in the order partition 1 sends it
+    received, sent_by_1 = two._halo_plan.recv_ids, PartitionExchange(plan, 2, 1)._halo_plan.send_ids
+    assert torch.equal(received.sort().values, partition_halos(plan, 2)[0]) and torch.equal(received, sent_by_1)
+    assert two._halo_plan.recv_counts == [0, received.numel()] and 0 < received.numel() < 40

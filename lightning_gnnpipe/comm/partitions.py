@@ -9,19 +9,22 @@ own partition. :class:`PartitionExchange` is what that changes, for one rank:
 * the rows its history tables keep: its chunks and their halos, not ``|V|``;
 * the halo rows of every message-passing layer ``l >= 1``: the rows the other partitions send in the same slot, used
   live with autograd (:class:`~lightning_gnnpipe.comm.exchange.RowExchange`), the rest read from the tables;
-* whole-graph results, each partition's rows nonzero on its own chunks only, summed over the ``G`` ranks (the exact
-  forward's layer outputs, the logits, the tables' drift);
+* the exact whole-graph forward (evaluation, history refresh): after every message-passing layer a partition
+  receives its halo's rows from their owners, each row once (:meth:`PartitionExchange.share_halo_rows`), and the
+  last stage's output is gathered whole once (:meth:`PartitionExchange.gather_rows`);
+* the training step's logits, each partition's rows nonzero on its own chunks only, summed over the ``G`` ranks;
 * the weights: every replica starts from partition 0's, and their gradients are summed after every step
   (:mod:`~lightning_gnnpipe.comm.replicas`).
 
 With ``G = 1`` (pure pipeline parallelism: ``PartitionExchange()``) every method is the pipeline's own behaviour or a
-no-op, so stages, runtime, history lifecycle and checkpoint take such an object and never ask whether the run is
-hybrid: a change to the hybrid is a change to this file.
+no-op, so stages and runtime take such an object and never ask whether the run is hybrid: a change to the hybrid's
+exchanges is a change to this file.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional, Sequence
 
 import torch
@@ -29,7 +32,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from lightning_gnnpipe.comm.accounting import CommStats
-from lightning_gnnpipe.comm.exchange import RowExchange, SlotPlan, build_slot_plans
+from lightning_gnnpipe.comm.exchange import RowExchange, SlotPlan, build_slot_plans, partition_halos
 from lightning_gnnpipe.comm.replicas import all_reduce_grads, broadcast_blocks
 from lightning_gnnpipe.data.chunk import ChunkPlan
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph
@@ -58,9 +61,11 @@ class PartitionExchange:
             raise ValueError(f"PartitionExchange: {num_parts} partitions need the chunk plan (got plan=None).")
         self.size, self.index, self.group, self.stats = num_parts, part, group, stats
         self.plans: List[Optional[SlotPlan]] = []
+        self._halo_plan: Optional[_HaloPlan] = None  # the exact forward's exchange (whole partitions)
         if plan is not None and num_parts > 1:
             self.plans = [p.to(device) if p is not None and device is not None else p
                           for p in build_slot_plans(plan, num_parts, part)]
+            self._halo_plan = _HaloPlan.build(plan, num_parts, part, device)
 
     def chunks(self, num_chunks: int) -> List[int]:
         """The chunks this partition runs, in slot order: ``g, g + G, ...`` of ``K``."""
@@ -135,6 +140,31 @@ class PartitionExchange:
         self.stats.record_all_reduce(kind, t, self.size)
         return t
 
+    def share_halo_rows(self, out: Tensor) -> Tensor:
+        """Exact whole-graph forward: complete a layer's output ``out`` ``(|V|, d)``, which holds this partition's
+        rows (other rows zero or stale), with the rows of this partition's halo, received from their owners (one
+        ``all_to_all_single`` over the stage's ``G`` ranks, each halo row once); return ``out`` (``G = 1``: as it is).
+
+        The next layer of this partition's chunks then reads exact rows only; rows outside the partition and its halo
+        are never read. Bytes: ``H_g x d`` received per layer, against the ``2 (G-1)/G |V| x d`` of summing ``out``.
+        """
+        if self._halo_plan is None:
+            return out
+        hp = self._halo_plan
+        recv = out.new_empty(hp.recv_ids.numel(), out.size(1))
+        dist.all_to_all_single(recv, out.index_select(0, hp.send_ids).contiguous(), hp.recv_counts, hp.send_counts,
+                               group=self.group)
+        return out.index_copy_(0, hp.recv_ids, recv)
+
+    def gather_rows(self, out: Tensor) -> Tensor:
+        """The whole graph's result ``(|V|, d)`` on every rank of the stage from each partition's own rows of ``out``
+        (other rows ignored): one all-reduce of ``|V| x d`` (``G = 1``: ``out`` as it is)."""
+        if self._halo_plan is None:
+            return out
+        full = out.new_zeros(out.shape).index_copy_(0, self._halo_plan.own, out.index_select(0, self._halo_plan.own))
+        dist.all_reduce(full, group=self.group)
+        return full
+
     def sum_grads(self, params: Iterable[nn.Parameter]) -> None:
         """Sum the gradients of the replicas' parameters over the ``G`` ranks (one flat all-reduce; ``G = 1``: no-op)."""
         if self.size > 1:
@@ -146,3 +176,28 @@ class PartitionExchange:
         if self.size > 1:
             src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
             broadcast_blocks(blocks, src=src, group=self.group)
+
+
+@dataclass
+class _HaloPlan:
+    """Whole-partition rows of the exact forward's exchange: this partition's nodes ``own`` (sorted), the ones each
+    other partition reads (``send_ids``, grouped by destination, ``send_counts``) and the halo rows it receives
+    (``recv_ids``, grouped by source, ``recv_counts``). Sender and receiver compute each list alike (sorted ids)."""
+
+    own: Tensor
+    send_ids: Tensor
+    send_counts: List[int]
+    recv_ids: Tensor
+    recv_counts: List[int]
+
+    @staticmethod
+    def build(plan: ChunkPlan, num_parts: int, part: int, device: Optional[torch.device]) -> "_HaloPlan":
+        halos = partition_halos(plan, num_parts)
+        nodes = [torch.cat([plan.nodes[c] for c in range(q, plan.num_chunks, num_parts)]).sort().values
+                 for q in range(num_parts)]
+        empty = nodes[part][:0]
+        send = [nodes[part][torch.isin(nodes[part], halos[q])] if q != part else empty for q in range(num_parts)]
+        recv = [nodes[q][torch.isin(nodes[q], halos[part])] if q != part else empty for q in range(num_parts)]
+        to = (lambda t: t.to(device)) if device is not None else (lambda t: t)  # noqa: E731
+        return _HaloPlan(to(nodes[part]), to(torch.cat(send)), [int(t.numel()) for t in send], to(torch.cat(recv)),
+                         [int(t.numel()) for t in recv])

@@ -65,7 +65,7 @@ class GNNStage(nn.Module):
             (:class:`~lightning_gnnpipe.comm.partitions.PartitionExchange`; default: one partition, no exchange).
             The stage runs that partition's chunks only. With ``G > 1`` (hybrid parallelism; needs
             ``halo_gradients="detach"``) its tables hold the rows of those chunks and their halos, and
-            :meth:`forward_full` sums the partitions' rows; with ``G = 1`` a table holds rows for the boundary nodes
+            :meth:`forward_full` receives the halo rows from the other partitions after each layer; with ``G = 1`` a table holds rows for the boundary nodes
             only (the nodes in some chunk's halo: the only rows ever read) when they are at most
             :data:`BOUNDARY_ROWS` of ``|V|``.
         stage_index: The (virtual) stage index, recorded on errors raised in :meth:`forward` (:data:`STAGE_ERROR`).
@@ -230,9 +230,12 @@ class GNNStage(nn.Module):
                 if drift is not None:
                     drift[layer] = d
 
-        # every partition computes its own chunks' rows (zeros elsewhere): the sum over partitions is the layer
+        # every partition computes its own chunks' rows and receives its halo's from their owners before the next
+        # layer (no-op with one partition); the last stage's result is then gathered whole
         h, h0 = self.runner.run_full(h, carried[0] if carried else None, self.epoch, before_layer=refresh,
-                                     combine=self.partitions.sum)
+                                     combine=self.partitions.share_halo_rows)
+        if self.is_last:
+            h = self.partitions.gather_rows(h)
         return self._outputs(h, h0, h.size(0))
 
 
