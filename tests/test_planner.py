@@ -53,7 +53,7 @@ def test_two_processes_by_hand():
       0.12 s; compute 0.4 s x the busiest part's 5/8 rows = 0.25 s.
     """
     est = estimate_layouts(PATH, 8, [3, 5, 2], [0.3, 0.1], 2, bandwidth=1000.0, chunks_per_stage=(1, 2),
-                           plan_fn=path_plan, **PARAMS)
+                           plan_fn=path_plan, halo_rows_computed=True, **PARAMS)
     expected = [LayoutEstimate("graph_parallel", 1, 2, 2, 240, 0.25, 0.12),
                 LayoutEstimate("gnnpipe", 2, 1, 2, 384, 0.5625, 0.384),
                 LayoutEstimate("gnnpipe", 2, 1, 4, 544, 0.65625, 0.544)]
@@ -75,7 +75,7 @@ def test_hybrid_on_four_processes_by_hand():
       links = 0.188 s; compute 0.3 s x busiest partition's rows (3 + 4)/8 x (2 + 2 - 1)/2 = 0.39375 s.
     """
     est = estimate_layouts(PATH, 8, [3, 5, 2], [0.3, 0.1], 4, bandwidth=1000.0, chunks_per_stage=(1,),
-                           plan_fn=path_plan, **PARAMS)
+                           plan_fn=path_plan, halo_rows_computed=True, **PARAMS)
     assert [(e.mode, e.stages, e.graph_parallel, e.chunks, e.bytes_per_epoch) for e in est] == [
         ("graph_parallel", 1, 4, 4, 816), ("hybrid", 2, 2, 4, 752)]  # 0.404 s, 0.58175 s
     assert [(e.compute_seconds, e.comm_seconds) for e in est] == [pytest.approx((0.2, 0.204)),
@@ -93,11 +93,22 @@ def test_the_link_decides_between_the_modes_of_a_deep_model():
     dims = [3] + [5] * 8 + [2]
     for bandwidth, mode, seconds in ((100.0, "gnnpipe", 0.09375 + 3.84), (1000.0, "graph_parallel", 0.05625 + 0.4)):
         est = estimate_layouts(PATH, 8, dims, [0.01] * 9, 2, bandwidth=bandwidth, chunks_per_stage=(1, 2),
-                               plan_fn=path_plan, **PARAMS)
+                               plan_fn=path_plan, halo_rows_computed=True, **PARAMS)
         assert recommend(est) == {"mode": mode, "stages": 2 if mode == "gnnpipe" else 1,
                                   "graph_parallel": 1 if mode == "gnnpipe" else 2, "chunks": 2}
         assert est[0].seconds == pytest.approx(seconds)
         assert "(recommended)" in format_table(est).splitlines()[2]
+    # one link shared by both ranks and directions: graph parallelism's 800 B all cross it, 0.05625 s + 0.8 s, and
+    # GNNPipe's 384 B as before, 0.09375 s + 0.384 s: now GNNPipe is the faster at 1000 B/s
+    shared = estimate_layouts(PATH, 8, dims, [0.01] * 9, 2, bandwidth=1000.0, chunks_per_stage=(1, 2),
+                              plan_fn=path_plan, shared_link=True, halo_rows_computed=True, **PARAMS)
+    assert recommend(shared)["mode"] == "gnnpipe" and shared[0].seconds == pytest.approx(0.09375 + 0.384)
+    assert next(e for e in shared if e.mode == "graph_parallel").seconds == pytest.approx(0.05625 + 0.8)
+    # the CSR path computes only inner rows: GNNPipe 0.05 s x 8/8 x 3/2 = 0.075 s, graph parallelism 0.09 s x the
+    # busiest part's 4/8 = 0.045 s (the halo rows no longer count)
+    inner = estimate_layouts(PATH, 8, dims, [0.01] * 9, 2, bandwidth=1e15, chunks_per_stage=(1,), plan_fn=path_plan,
+                             **PARAMS)
+    assert {e.mode: e.compute_seconds for e in inner} == pytest.approx({"gnnpipe": 0.075, "graph_parallel": 0.045})
 
 
 def test_deep_models_favour_gnnpipe_and_slow_links_matter(graph):

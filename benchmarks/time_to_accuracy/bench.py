@@ -80,7 +80,9 @@ def accuracy_specs() -> List[dict]:
     out += [spec(SMALL, "ressage8", m, seed=1) for m in ("exact", "gnnpipe")]
     # tuned for accuracy: the option docs/convergence.md names for deep GCNII (the default diverges here, see the page),
     # and exact history tables at every epoch's start (one step per epoch: every halo row read is then exact)
-    return out + [spec(SMALL, "gcnii16", "gnnpipe", strategy=s) for s in (TUNED_ACCURACY, {"refresh_every": 1})]
+    # (and every second epoch's start: half the extra forward)
+    return out + [spec(SMALL, "gcnii16", "gnnpipe", strategy=s) for s in (TUNED_ACCURACY, {"refresh_every": 1},
+                                                                          {"refresh_every": 2})]
 
 
 def large_specs() -> List[dict]:
@@ -150,8 +152,10 @@ def measure(s: dict, timeout_s: float) -> dict:
     return rec
 
 
-def run(parts: List[str], force: bool, timeout_s: float, cache: Path = CACHE) -> None:
-    """Measure every spec of ``parts`` that the cache lacks (all with ``force``), appending as it goes."""
+def run(parts: List[str], force: bool, timeout_s: float, cache: Path = CACHE,
+        modes: Optional[List[str]] = None) -> None:
+    """Measure every spec of ``parts`` that the cache lacks (all with ``force``), appending as it goes; ``modes``:
+    only the specs of these modes."""
     records = load(cache)
     done = {r["key"] for r in records if r["status"] == "ok"}
     for part in parts:
@@ -159,7 +163,7 @@ def run(parts: List[str], force: bool, timeout_s: float, cache: Path = CACHE) ->
                  "timing": timing_specs, "large": large_specs}.get(part)
         todo = specs() if specs is not None else link_specs(records)
         for s in todo:
-            if key_of(s) in done and not force:
+            if (key_of(s) in done and not force) or (modes and s["mode"] not in modes):
                 continue
             try:
                 rec = measure(s, timeout_s)
@@ -177,9 +181,10 @@ FREE_LINK_BYTES_PER_S = 2.7e9  # gloo over this machine's loopback (docs/results
 
 
 def planner_predictions(records: List[dict]) -> Dict[tuple, dict]:
-    """The package planner's epoch estimates (GNNPipe with its best K, graph parallelism; 2 processes) and choice for
-    the 300k graph at every rate, given the rate as its bandwidth and the calibration's seconds per layer (one core,
-    as a rank has here) spread evenly over the model's blocks."""
+    """The package planner's training-epoch estimates (GNNPipe with its best K, graph parallelism; 2 processes) and
+    choice for the 300k graph at every rate, given the rate as its bandwidth, ``shared_link=True`` (both ranks and
+    both directions pass the one loopback, shaped or not) and the calibration's seconds per layer (one core, as a rank
+    has here) spread evenly over the model's blocks."""
     import functools
 
     from benchmarks.time_to_accuracy.graph import community_graph
@@ -205,7 +210,7 @@ def planner_predictions(records: List[dict]) -> Dict[tuple, dict]:
             bandwidth = FREE_LINK_BYTES_PER_S if rate is None else rate / 8
             est = estimate_layouts(data.edge_index, data.num_nodes, dims, layer_s, 2, bandwidth,
                                    num_params=sum(p.numel() for p in params), num_param_tensors=len(params),
-                                   plan_fn=lambda ei, n, k: plan_fn(k))
+                                   plan_fn=lambda ei, n, k: plan_fn(k), shared_link=True)
             pipe = min((e for e in est if e.mode == "gnnpipe"), key=lambda e: e.seconds)
             gp = next(e for e in est if e.mode == "graph_parallel")
             out[(s["model"], rate)] = {"gnnpipe": pipe.seconds, "graph_parallel": gp.seconds, "chunks": pipe.chunks,
@@ -219,10 +224,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--only", nargs="+", choices=["calibration", "tuning", "accuracy", "timing", "link", "large"])
     p.add_argument("--page-only", action="store_true")
     p.add_argument("--force", action="store_true")
+    p.add_argument("--modes", nargs="+", choices=["exact", "gnnpipe", "graph_parallel", "hybrid", "mlp"],
+                   help="measure only these modes' runs")
     p.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per run")
     args = p.parse_args(argv)
     if not args.page_only:
-        run(args.only or ["calibration", "link", "tuning", "timing", "large", "accuracy"], args.force, args.timeout)
+        run(args.only or ["calibration", "link", "tuning", "timing", "large", "accuracy"], args.force, args.timeout,
+            modes=args.modes)
     from benchmarks.time_to_accuracy.page import write_page
 
     records = load()

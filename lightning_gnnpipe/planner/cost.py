@@ -3,12 +3,14 @@
 A cost model, not a measurement: per-epoch time = compute + communication, where
 
 * compute comes from measured full-graph forward+backward seconds per layer on one process
-  (:func:`measure_layer_seconds`), scaled by the rows a rank works on (inner plus halo rows);
+  (:func:`measure_layer_seconds`), scaled by the rows whose outputs a rank computes (inner rows on the CSR path;
+  inner plus halo rows on the edge-list path, ``halo_rows_computed``);
 * GNNPipe (``S`` stages, ``K`` chunks) runs its slowest stage ``(K + S - 1) / K`` times (GPipe's
   fill and drain bubble, Huang et al., arXiv 1811.06965);
 * communication is the analytic byte count of :mod:`lightning_gnnpipe.planner.volume` divided by a
   measured (:func:`measure_bandwidth`) or assumed point-to-point bandwidth (bytes per second), each rank sending its share in
-  parallel, with no overlap of communication and compute (a conservative bound);
+  parallel (or, with ``shared_link``, all of it over one link), with no overlap of communication and compute (a
+  conservative bound);
 * hybrid (``S`` stages x ``G`` partitions, ``S G = P``) runs each pipeline on its partition's
   ``K / G`` chunks, so its compute is the busiest partition's rows through the slowest stage with
   ``(K/G + S - 1) / (K/G)`` for the bubble.
@@ -56,10 +58,10 @@ class LayoutEstimate:
         return self.compute_seconds + self.comm_seconds
 
 
-def _halo_ratio(plan: ChunkPlan) -> List[float]:
-    """Per chunk: rows it processes (inner + halo) over ``|V|``."""
+def _work_ratio(plan: ChunkPlan, halo_rows_computed: bool = True) -> List[float]:
+    """Per chunk: rows whose outputs it computes over ``|V|``: inner rows, plus halo rows when blocks compute them."""
     n = plan.num_nodes
-    return [(int(a.numel()) + int(b.numel())) / n for a, b in zip(plan.nodes, plan.halo)]
+    return [(int(a.numel()) + (int(b.numel()) if halo_rows_computed else 0)) / n for a, b in zip(plan.nodes, plan.halo)]
 
 
 def layout_plan(edge_index: Tensor, num_nodes: int, num_chunks: int, num_parts: int = 1) -> ChunkPlan:
@@ -89,6 +91,8 @@ def estimate_layouts(
     num_params: int = 0,
     num_param_tensors: int = 0,
     plan_fn: Callable[..., ChunkPlan] = layout_plan,
+    shared_link: bool = False,
+    halo_rows_computed: bool = False,
 ) -> List[LayoutEstimate]:
     """Estimate GNNPipe (``S = P``), graph parallelism (``G = P``) and hybrid (``S G = P``) on ``P`` processes.
 
@@ -104,6 +108,15 @@ def estimate_layouts(
         plan_fn: Returns the chunk plan of every candidate: ``plan_fn(edge_index, num_nodes, K)`` for GNNPipe and graph
             parallelism, ``plan_fn(edge_index, num_nodes, K, num_parts=G)`` for hybrid layouts (chunk ``c`` in
             partition ``c % G``). Default :func:`layout_plan`; pass a cached one to plan each ``K`` once.
+        shared_link: Every rank's traffic, in both directions, passes one link of ``bandwidth`` (one shared switch
+            port or medium, or an emulated link such as a shaped loopback): communication is all bytes over
+            ``bandwidth``, for every layout. Default ``False``: each rank sends its share over its own
+            point-to-point link in parallel (graph parallelism's ``P`` ranks at once, a pipeline's ``P - 1``
+            boundaries at once).
+        halo_rows_computed: Whether a block computes outputs for a chunk's halo rows too, so that a chunk costs
+            ``(n_c + h_c) / |V|`` of a full-graph layer: the edge-list path (GAT, PNA, any block under
+            ``bf16-mixed``). Default ``False``: the CSR path (GCN, GraphSAGE, GIN, GraphConv, GCNII convs,
+            :mod:`~lightning_gnnpipe.nn.chunk_call`) computes only the inner rows, so a chunk costs ``n_c / |V|``.
 
     Returns:
         Estimates sorted by estimated epoch time, fastest first.
@@ -129,39 +142,48 @@ def estimate_layouts(
         stages = split_layers(num_layers, p)
         for k in chunks_per_stage:
             plan = plan_fn(edge_index, num_nodes, k * p)
-            ratio = sum(_halo_ratio(plan))  # rows processed per layer over |V|
+            ratio = sum(_work_ratio(plan, halo_rows_computed))  # rows computed per layer over |V|
             slowest = max(sum(layer_seconds[i] for i in s) for s in stages) * ratio
             compute = slowest * (plan.num_chunks + p - 1) / plan.num_chunks
             volume = sum(pipeline_volume(plan, list(dims), p).values())
             out.append(LayoutEstimate("gnnpipe", p, 1, plan.num_chunks, volume, compute,
-                                      volume / max(p - 1, 1) / bandwidth if p > 1 else 0.0))
+                                      _link_seconds(volume, max(p - 1, 1), bandwidth, shared_link) if p > 1 else 0.0))
     plan = plan_fn(edge_index, num_nodes, p)
-    compute = sum(layer_seconds) * max(_halo_ratio(plan))
+    compute = sum(layer_seconds) * max(_work_ratio(plan, halo_rows_computed))
     graph_layers = [True] * num_layers
     volume = sum(graph_parallel_volume(plan, list(dims), graph_layers, num_params, num_param_tensors).values())
-    out.append(LayoutEstimate("graph_parallel", 1, p, p, volume, compute, volume / p / bandwidth if p > 1 else 0.0))
+    out.append(LayoutEstimate("graph_parallel", 1, p, p, volume, compute,
+                              _link_seconds(volume, p, bandwidth, shared_link) if p > 1 else 0.0))
     for g in hybrid:
         out += _hybrid_estimates(edge_index, num_nodes, list(dims), layer_seconds, p // g, g, bandwidth,
-                                 chunks_per_stage, num_params + num_param_tensors, plan_fn)
+                                 chunks_per_stage, num_params + num_param_tensors, plan_fn, shared_link,
+                                 halo_rows_computed)
     return sorted(out, key=lambda e: e.seconds)
 
 
 def _hybrid_estimates(edge_index: Tensor, num_nodes: int, dims: List[int], layer_seconds: Sequence[float],
                       s: int, g: int, bandwidth: float, chunks_per_stage: Sequence[int],
-                      flat_params: int, plan_fn: Callable[..., ChunkPlan]) -> List[LayoutEstimate]:
+                      flat_params: int, plan_fn: Callable[..., ChunkPlan],
+                      shared_link: bool = False, halo_rows_computed: bool = True) -> List[LayoutEstimate]:
     stages = split_layers(len(dims) - 1, s)
     slowest_stage = max(sum(layer_seconds[i] for i in st) for st in stages)
     out = []
     for k in chunks_per_stage:
         chunks = k * s * g
         plan = plan_fn(edge_index, num_nodes, chunks, num_parts=g)
-        ratios = _halo_ratio(plan)
+        ratios = _work_ratio(plan, halo_rows_computed)
         busiest = max(sum(ratios[c] for c in range(q, chunks, g)) for q in range(g))
         micro = chunks // g
         compute = slowest_stage * busiest * (micro + s - 1) / micro
         volume = sum(hybrid_volume(plan, dims, s, g, [True] * (len(dims) - 1), [flat_params // s] * s).values())
-        out.append(LayoutEstimate("hybrid", s, g, chunks, volume, compute, volume / (s * g) / bandwidth))
+        out.append(LayoutEstimate("hybrid", s, g, chunks, volume, compute,
+                                  _link_seconds(volume, s * g, bandwidth, shared_link)))
     return out
+
+
+def _link_seconds(volume: float, senders: int, bandwidth: float, shared_link: bool) -> float:
+    """Seconds to send ``volume`` bytes: over one shared link, or ``senders`` links in parallel."""
+    return volume / bandwidth if shared_link else volume / senders / bandwidth
 
 
 def backend_device(backend: str) -> torch.device:
