@@ -80,7 +80,38 @@ FINDINGS = [
     "read is then exact, only the halo rows' gradients are still dropped) GNNPipe recovers most of the gap (best "
     "validation 0.745 against exact's 0.760 and the default's 0.694) at one extra forward per epoch (training 14-15 s "
     "against 8.2 s). So on this model the stale halo values, more than the dropped halo gradients, make the "
-    "difference; with residual GraphSAGE-8 GNNPipe's defaults track exact training epoch by epoch.",
+    "difference. A refresh every second epoch (`refresh_every=2`) does not help (0.6798, as the default): the "
+    "epochs between refreshes read rows one step old, and that alone drifts. With residual GraphSAGE-8 GNNPipe's "
+    "defaults track exact training epoch by epoch.",
+    "",
+    "The planner (`estimate_layouts` with the rate as its bandwidth, `shared_link=True` since both ranks and both "
+    "directions pass the one loopback, the calibration's 1-core seconds per layer) picks the faster training step "
+    "at every rate but one: GCNII-16 on the free link, where it predicts 10.4 s for GNNPipe against 10.0 s for "
+    "graph parallelism and measures 8.2 s against 11.0 s (a K = 8 chunk runs faster than 1/8 of the whole-graph "
+    "layer time it is scaled from). It estimates training only: at 400 Gbit/s it rightly picks GNNPipe's training "
+    "step (12.7 s against 14.1 s), while GNNPipe's slower validation makes graph parallelism's whole epoch the "
+    "shorter one there (19.2 s against 19.6 s).",
+    "",
+    "Validation (`python -m benchmarks.time_to_accuracy.validation_probe`): GNNPipe's stages run the exact forward "
+    "one after the other, each with both cores while the other rank waits (a rank waiting in gloo's recv uses no "
+    "CPU: 0.00 s over a 2.00 s wait). The two stages' exact forward of GraphSAGE-8 at 300k, in one process with 2 "
+    "threads, took 1.76, 2.09 and 1.98 s in three runs against 1.69, 1.71 and 1.99 s for the single process's "
+    "whole-graph CSR forward (this machine's noise is that large): the chunked compute costs 1.0x to 1.2x. In a "
+    "fit's two processes (`--part fit`, three `Trainer.validate` calls) the same stages took 1.06 to 1.31 s (first) "
+    "and 1.46 to 2.10 s (last), 2.86 to 3.28 s for the whole exact forward: the stages compute slower there than "
+    "in one process, by a cause not found yet, and that, not the transfers, is GNNPipe's extra validation time; "
+    "graph parallelism's validation is the cheapest because both ranks compute at once.",
+    "",
+    "The hybrid 2x2 runs 4 processes on the 2 cores and sends the most (0.71 GiB a training step: stage boundaries "
+    "0.29, halo rows and their gradients 0.39, logits 0.04), so it is the slowest mode here: 20.3 s an epoch on the "
+    "free link, 73.5 s at 163 Mbit/s. Its exact validation receives each partition's halo rows once per layer; "
+    "summing every layer's whole `(|V|, d)` output over the partitions instead, as earlier versions did, took "
+    "149.1 s of validation at 163 Mbit/s against 33.5 s now (free link: 11.3 s against 10.1 s).",
+    "",
+    "1M nodes, 20M edges (residual GraphSAGE-8, free link, one seed): GNNPipe's accuracy equals exact training's "
+    "(0.6771 against 0.6768) and its training step is 0.56x the single process's (18.35 s against 32.98 s), but its "
+    "exact validation takes 11.64 s against 6.66 s, so its epoch is 0.76x (target 0.7x). Graph parallelism, "
+    "14.90 + 4.61 s, is 0.49x: on the free link the cheaper mode at this size.",
 ]
 
 

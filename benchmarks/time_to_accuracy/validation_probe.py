@@ -1,0 +1,146 @@
+"""Where GNNPipe's exact validation goes, two probes quoted on docs/results/time_to_accuracy.md:
+
+    python -m benchmarks.time_to_accuracy.validation_probe             # probes 1 and 2
+    python -m benchmarks.time_to_accuracy.validation_probe --part fit  # probe 3
+
+1. A rank waiting in gloo's ``recv`` while the other computes with 2 threads: its CPU seconds (does waiting cost a
+   core the computing stage could use?).
+2. The exact forward of residual GraphSAGE-8 on the 300k community graph, in one process with 2 threads: the
+   single process's whole-graph CSR forward against the two GNNPipe stages' ``forward_full`` (K = 8), median of 3.
+3. The same in a fit's processes: ``Trainer.validate`` three times under ``GNNPipeStrategy(start_method="popen")``
+   (2 processes), each rank's ``GNNStage.forward_full`` and ``PipelineRuntime.full_forward`` seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _work() -> float:
+    a = torch.randn(1500, 1500)
+    t0 = time.perf_counter()
+    for _ in range(60):
+        a = torch.tanh(a @ a / 1500)
+    return time.perf_counter() - t0
+
+
+def _rank(r: int, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=r, world_size=2)
+    buf = torch.zeros(10)
+    dist.barrier()
+    if r == 0:
+        torch.set_num_threads(2)
+        print(f"wait probe: rank 0 computes with 2 threads for {_work():.2f} s", flush=True)
+        dist.send(buf, 1)
+    else:
+        cpu, wall = time.process_time(), time.perf_counter()
+        dist.recv(buf, 0)
+        print(f"wait probe: rank 1 waited {time.perf_counter() - wall:.2f} s in recv, using "
+              f"{time.process_time() - cpu:.2f} s of CPU", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _median(fn, reps: int = 3) -> float:
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def forward_probe() -> None:
+    from torch_geometric.utils import to_torch_csr_tensor
+
+    from benchmarks.time_to_accuracy.graph import GraphSpec, community_graph
+    from benchmarks.time_to_accuracy.models import build_model
+    from lightning_gnnpipe import build_chunk_plan, find_layer_stack
+    from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
+    from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
+    from lightning_gnnpipe.nn.gcn_norm import norm_keys
+    from lightning_gnnpipe.nn.stack import infer_dims
+    from lightning_gnnpipe.pipeline.split import split_layers
+    from lightning_gnnpipe.pipeline.stage import GNNStage
+
+    torch.set_num_threads(2)
+    data = community_graph(GraphSpec(num_nodes=300_000))
+    n = data.num_nodes
+    model = build_model("ressage8", data.num_features, int(data.y.max()) + 1, 0).eval()
+    csr = to_torch_csr_tensor(data.edge_index.flip(0), size=(n, n))
+    plan = build_chunk_plan(data.edge_index, n, 8)
+    blocks = find_layer_stack(model).blocks
+    dims = infer_dims(blocks, data.x[:2])
+    stages = []
+    for layers in split_layers(len(blocks), 2):
+        own = [blocks[i] for i in layers]
+        graph = build_chunk_graph(plan, data.edge_index, norm_keys(own), torch.device("cpu"),
+                                  **chunk_graph_options(own))
+        stages.append(GNNStage(own, layers, dims, graph, x=data.x if 0 in layers else None))
+    with torch.no_grad():
+        exact = _median(lambda: model(data.x, csr))
+        h = stages[0].forward_full(data.x)
+        first = _median(lambda: stages[0].forward_full(data.x))
+        last = _median(lambda: stages[1].forward_full(h))
+    print(f"forward probe: whole-graph CSR forward {exact:.2f} s; GNNPipe stage 0 {first:.2f} s + stage 1 "
+          f"{last:.2f} s = {first + last:.2f} s (2 threads, one process)", flush=True)
+
+
+def fit_probe() -> None:
+    import json
+
+    from lightning.pytorch import Trainer
+
+    from benchmarks.time_to_accuracy.graph import GraphSpec, community_graph
+    from benchmarks.time_to_accuracy.models import LEARNING_RATE, Classifier, build_model
+    from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule
+    from lightning_gnnpipe.pipeline import runtime, stage
+
+    seconds = {}
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            seconds.setdefault(name, []).append(round(time.perf_counter() - t0, 2))
+            return out
+        return wrapper
+
+    stage.GNNStage.forward_full = timed("stage forward_full", stage.GNNStage.forward_full)
+    runtime.PipelineRuntime.full_forward = timed("pipeline full_forward", runtime.PipelineRuntime.full_forward)
+    data = community_graph(GraphSpec(num_nodes=300_000))
+    module = Classifier(build_model("ressage8", data.num_features, int(data.y.max()) + 1, 0),
+                        LEARNING_RATE["ressage8"])
+    trainer = Trainer(accelerator="cpu", devices=2, strategy=GNNPipeStrategy(start_method="popen"), logger=False,
+                      enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1)
+    for _ in range(3):
+        trainer.validate(module, datamodule=GraphChunkDataModule(data, num_chunks=8), verbose=False)
+    print(f"fit probe: rank {trainer.global_rank}: {json.dumps(seconds)}", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--part", "fit"]:
+        fit_probe()
+    else:
+        mp.spawn(_rank, args=(_free_port(),), nprocs=2)
+        forward_probe()
