@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 from typing import Any, Callable, Optional
 
+import torch.distributed as dist
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.strategies import Strategy
 
@@ -53,11 +55,21 @@ class NotingFailures:
         self.function, self.strategy = function, strategy
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        atexit.register(_destroy_process_groups)
         try:
             return self.function(*args, **kwargs)
         except BaseException as exc:
             self.strategy.on_exception(exc)
             raise
+
+
+def _destroy_process_groups() -> None:
+    """At a spawned worker's exit, while the interpreter is still whole: destroy its process groups. Left to the
+    interpreter's finalization, gloo's worker threads can still hold work whose tensors then need the GIL, and the
+    worker dies with ``terminate called without an active exception`` (SIGABRT) after a fit that succeeded (the
+    cause pytorch/pytorch#179291 names)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class HugePageScriptLauncher(SubprocessScriptLauncher):
