@@ -104,7 +104,7 @@ FINDINGS = [
     "",
     "The hybrid 2x2 runs 4 processes on the 2 cores and sends the most (0.71 GiB a training step: stage boundaries "
     "0.29, halo rows and their gradients 0.39, logits 0.04), so it is the slowest mode here: 20.3 s an epoch on the "
-    "free link, 73.5 s at 163 Mbit/s. Its exact validation receives each partition's halo rows once per layer; "
+    "free link, 30.6 s at 654 Mbit/s, 73.5 s at 163 Mbit/s (not run at 16 Mbit/s: about 25 minutes). Its exact validation receives each partition's halo rows once per layer; "
     "summing every layer's whole `(|V|, d)` output over the partitions instead, as earlier versions did, took "
     "149.1 s of validation at 163 Mbit/s against 33.5 s now (free link: 11.3 s against 10.1 s).",
     "",
