@@ -202,3 +202,23 @@ def test_rank_location_names_stage_and_partition(monkeypatch):
     trainer = Trainer(accelerator="cpu", devices=3, strategy=GraphParallelStrategy(), logger=False)
     monkeypatch.setattr(GraphParallelStrategy, "global_rank", property(lambda self: 2))
     assert trainer.strategy.rank_location() == "rank 2 (partition 2 of 3)"
+
+
+def test_a_rank_of_ours_destroys_its_process_group_at_exit():
+    """The exit hook runs while the interpreter is whole (atexit runs hooks last-in first-out: a hook registered
+    before it sees the group gone), and registers once however often it is asked."""
+    code = f"""
+import atexit, os
+import torch.distributed as dist
+from lightning_gnnpipe.strategy import launcher
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{free_port()}")
+dist.init_process_group("gloo", rank=0, world_size=1)
+atexit.register(lambda: print("initialized at exit:", dist.is_initialized(), flush=True))
+launcher.destroy_groups_at_exit()
+launcher.destroy_groups_at_exit()
+print("before exit:", dist.is_initialized(), flush=True)
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.splitlines() == ["before exit: True", "initialized at exit: False"]

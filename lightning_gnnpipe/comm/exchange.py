@@ -85,15 +85,17 @@ def partition_halos(plan: ChunkPlan, num_parts: int) -> List[Tensor]:
     return halos
 
 
-def build_slot_plans(plan: ChunkPlan, num_parts: int, part: int) -> List[Optional[SlotPlan]]:
+def build_slot_plans(plan: ChunkPlan, num_parts: int, part: int,
+                     halos: Optional[List[Tensor]] = None) -> List[Optional[SlotPlan]]:
     """Build the :class:`SlotPlan` of every chunk of partition ``part`` (``None`` for other chunks).
 
     Args:
         plan: The chunk plan, slot-major (chunk ``j * G + g`` is partition ``g``'s ``j``-th chunk).
         num_parts: ``G``.
         part: This rank's partition ``g``.
+        halos: :func:`partition_halos` of ``plan`` when the caller has them (computed here otherwise).
     """
-    halos = partition_halos(plan, num_parts)
+    halos = partition_halos(plan, num_parts) if halos is None else halos
     plans: List[Optional[SlotPlan]] = [None] * plan.num_chunks
     for c in range(part, plan.num_chunks, num_parts):
         j = c // num_parts

@@ -63,9 +63,10 @@ class PartitionExchange:
         self.plans: List[Optional[SlotPlan]] = []
         self._halo_plan: Optional[_HaloPlan] = None  # the exact forward's exchange (whole partitions)
         if plan is not None and num_parts > 1:
+            halos = partition_halos(plan, num_parts)
             self.plans = [p.to(device) if p is not None and device is not None else p
-                          for p in build_slot_plans(plan, num_parts, part)]
-            self._halo_plan = _HaloPlan.build(plan, num_parts, part, device)
+                          for p in build_slot_plans(plan, num_parts, part, halos)]
+            self._halo_plan = _HaloPlan.build(plan, halos, part, device)
 
     def chunks(self, num_chunks: int) -> List[int]:
         """The chunks this partition runs, in slot order: ``g, g + G, ...`` of ``K``."""
@@ -100,6 +101,9 @@ class PartitionExchange:
         stage's ranks); the rows received are written into ``table`` and the ones of the same slot are used live,
         their gradients sent back in the backward pass; without ``table`` (graph parallelism) every halo row must be
         live.
+
+        Raises:
+            RuntimeError: ``G > 1`` and chunk ``c`` is not one of this partition's.
         """
         if self.size == 1:
             if table is not None:
@@ -191,8 +195,8 @@ class _HaloPlan:
     recv_counts: List[int]
 
     @staticmethod
-    def build(plan: ChunkPlan, num_parts: int, part: int, device: Optional[torch.device]) -> "_HaloPlan":
-        halos = partition_halos(plan, num_parts)
+    def build(plan: ChunkPlan, halos: List[Tensor], part: int, device: Optional[torch.device]) -> "_HaloPlan":
+        num_parts = len(halos)
         nodes = [torch.cat([plan.nodes[c] for c in range(q, plan.num_chunks, num_parts)]).sort().values
                  for q in range(num_parts)]
         empty = nodes[part][:0]

@@ -38,7 +38,8 @@ HaloFill = Callable[[int, Tensor, int, Tensor], Tensor]
 
 Combine = Callable[[Tensor], Tensor]
 """``combine(out) -> out``: what :meth:`ChunkRunner.run_full` does with a layer's ``(|V|, d)`` output, whose rows are
-those of the chunks this runner runs (zeros elsewhere), before the next layer (e.g. a sum over partitions)."""
+those of the chunks this runner runs (zeros elsewhere), before the next layer (e.g. the other partitions' rows of
+this partition's halo, received)."""
 
 
 class ChunkRunner:

@@ -134,7 +134,8 @@ class PipelineRuntime:
         tables = [t for st in self.stages for m in (*st.histories.values(), *st.halo_grads.values())
                   for t in m.buffers()]
         tables += [t for st in self.stages for m in st.histories.values() for t in (m.node_ids, m.row_of)]
-        graph = sum(st.graph.nbytes() for st in self.stages) + storage_bytes(t for st in self.stages for t in st.runner.local_ids)
+        graph = sum(st.graph.nbytes() for st in self.stages)
+        graph += storage_bytes(t for st in self.stages for t in st.runner.local_ids)
         return storage_bytes(tables), graph
 
     @property

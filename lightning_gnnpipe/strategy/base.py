@@ -38,8 +38,10 @@ from lightning_gnnpipe.strategy.failures import NCCL_ERROR_HANDLING, enable_nccl
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.insight import PipelineInsight
 from lightning_gnnpipe.strategy.allocator import (DEFAULT_HEAP_MMAP_THRESHOLD, check_heap_mmap_threshold,
-                                                  rank_allocator_settings, release_shared_pages, trim_heap)
-from lightning_gnnpipe.strategy.launcher import CheckedMultiProcessingLauncher, HugePageScriptLauncher
+                                                  rank_allocator_settings, release_shared_pages, started_by_strategy,
+                                                  trim_heap)
+from lightning_gnnpipe.strategy.launcher import (CheckedMultiProcessingLauncher, HugePageScriptLauncher,
+                                                destroy_groups_at_exit)
 from lightning_gnnpipe.strategy.precision import autocast_dtype, check_precision
 from lightning_gnnpipe.strategy.process_state import quiet_sync_dist_advice
 
@@ -189,6 +191,8 @@ class WholeGraphStrategy(LauncherHook, ParallelStrategy):
         if enable_nccl_error_handling(self._process_group_backend):  # before the NCCL process group exists
             self._changes.callback(os.environ.pop, NCCL_ERROR_HANDLING, None)
         init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout)
+        if started_by_strategy():  # a rank process of ours: its groups go before the interpreter does
+            destroy_groups_at_exit()
         self.exchange_group = dist.new_group(timeout=self._exchange_timeout, group_desc="gnnpipe_exchange")
         self._setup_groups()
 

@@ -55,7 +55,6 @@ class NotingFailures:
         self.function, self.strategy = function, strategy
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        atexit.register(_destroy_process_groups)
         try:
             return self.function(*args, **kwargs)
         except BaseException as exc:
@@ -63,11 +62,22 @@ class NotingFailures:
             raise
 
 
+_exit_hook_registered = False
+
+
+def destroy_groups_at_exit() -> None:
+    """In a rank process the strategy started (spawn or popen), destroy its process groups at exit, while the
+    interpreter is still whole; registered once per process. Left to the interpreter's finalization, gloo's worker
+    threads can still hold work whose tensors then need the GIL, and a rank dies with ``terminate called without an
+    active exception`` (SIGABRT) after a fit that succeeded (the cause pytorch/pytorch#179291 names). Raises nothing;
+    the user's own process (rank 0 under popen, torchrun and SLURM ranks) is left alone by the caller."""
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(_destroy_process_groups)
+        _exit_hook_registered = True
+
+
 def _destroy_process_groups() -> None:
-    """At a spawned worker's exit, while the interpreter is still whole: destroy its process groups. Left to the
-    interpreter's finalization, gloo's worker threads can still hold work whose tensors then need the GIL, and the
-    worker dies with ``terminate called without an active exception`` (SIGABRT) after a fit that succeeded (the
-    cause pytorch/pytorch#179291 names)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
