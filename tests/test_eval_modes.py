@@ -5,6 +5,8 @@
   ``GNNPipeStrategy`` (2 stages), ``GraphParallelStrategy`` (2 partitions) and hybrid parallelism (2 stages x 2
   partitions): equal to the plain LightningModule with the checkpoint's weights on the full graph.
 * ``Trainer(num_nodes=2, devices=1)``: one process per node, with torchrun's per-node environment.
+* Validation inside a fit under ``GNNPipeStrategy``'s two exact forwards (``evaluation="graph_parallel"``, the
+  default, and ``"pipeline"``): the same metrics every epoch, for GCN (2 and 3 stages), GCNII, GAT and ResGCN.
 """
 
 from pathlib import Path
@@ -12,16 +14,24 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
+from torch import nn
+from torch_geometric.nn import GATConv, GCNConv
+from torch_geometric.nn.models import GAT, GCN
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy
-from tests.helpers import GCNModule, sbm_graph
+from lightning_gnnpipe.nn.gcnii import GCNII
+from lightning_gnnpipe.nn.stack import BlockStack, NodeWise
+from lightning_gnnpipe.strategy.checks import resolve_evaluation
+from tests.helpers import GCNModule, GNNModule, ResGCN, sbm_graph
 from tests.reference import chunked_reference
 from tests.scenarios import fit_rank
 from tests.world import run_world, values
 
 MODES = {  # processes, strategy, its options, the DataModule's options
-    "gnnpipe": (2, GNNPipeStrategy, {}, {"num_chunks": 4}),
+    "gnnpipe": (2, GNNPipeStrategy, {}, {"num_chunks": 4}),  # evaluation "auto": "graph_parallel"
+    "gnnpipe_pipelined_eval": (2, GNNPipeStrategy, {"evaluation": "pipeline"}, {"num_chunks": 4}),
     "graph_parallel": (2, GraphParallelStrategy, {}, {"num_chunks": 2}),
     "hybrid": (4, GNNPipeStrategy, {"graph_parallel_size": 2}, {"num_chunks": 4, "num_parts": 2}),
 }
@@ -123,3 +133,59 @@ def test_two_nodes_one_process_each(graph):
     assert len(nodes[0]["losses"]) == epochs and all(r["losses"] == one[0]["losses"] for r in nodes + one)
     reference = chunked_reference(GCNModule(16, 32, 4, 4), graph, dm.plan, epochs)
     torch.testing.assert_close(nodes[0]["losses"], reference, atol=1e-6, rtol=0)
+
+
+class EvalGNN(GNNModule):
+    """``GNNModule`` around any model, logging a validation loss too (plain SGD)."""
+
+    def validation_step(self, batch, batch_idx):
+        for name, value in val_metrics(self(batch.x, batch.edge_index), batch).items():
+            self.log(name, value, batch_size=1)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+EVAL_MODELS = {  # the sparse path, x0 beside h, the edge-list path, node-wise blocks around residual layers
+    "gcn": lambda: GCN(16, 32, 4, 4),
+    "gcnii": lambda: GCNII(16, 32, 4, num_layers=4, dropout=0.0),
+    "gat": lambda: GAT(16, 8, 4, 4, heads=2),
+    "resgcn": lambda: ResGCN(16, 32, 2, 4),
+    # stages built with other chunk graphs (sparse GCN, then edge-list GAT): the split forward builds its own
+    "gcn_then_gat": lambda: BlockStack([GCNConv(16, 32), NodeWise(nn.ReLU()), GATConv(32, 4)]),
+}
+
+
+def val_losses_job(dm, devices, model, evaluation):
+    """Fit 3 epochs, validating after each; return this rank's per-epoch validation losses."""
+    torch.manual_seed(0)
+    out = fit_rank(EvalGNN(EVAL_MODELS[model]()), dm, devices, 3, strategy_kwargs={"evaluation": evaluation})
+    return [float(m["val_loss"]) for m in out["metrics"]]
+
+
+@pytest.mark.parametrize("devices,model", [(2, "gcn"), (3, "gcn"), (2, "gcnii"), (2, "gat"), (2, "resgcn"),
+                                           (2, "gcn_then_gat")])
+def test_graph_parallel_evaluation_during_fit_equals_the_pipelined_one(graph, devices, model):
+    """Validation inside a fit: every rank takes its chunks through all layers (``evaluation="graph_parallel"``, the
+    default) with the weights each stage trained since, and gets the pipelined exact forward's metrics."""
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+    split = values(run_world(devices, val_losses_job, dm, devices, model, "graph_parallel"))
+    pipelined = values(run_world(devices, val_losses_job, dm, devices, model, "pipeline"))
+    assert all(r == pipelined[0] for r in pipelined)  # every rank logs the same
+    assert all(len(r) == 3 and max(abs(a - b) for a, b in zip(r, pipelined[0])) <= 1e-6 for r in split), \
+        (split, pipelined)
+    assert abs(pipelined[0][0] - pipelined[0][-1]) > 1e-3  # the weights moved
+
+
+def test_graph_parallel_evaluation_is_refused_where_it_cannot_run(graph):
+    with pytest.raises(ValueError, match=r"evaluation='graph_parallel'` needs graph_parallel_size=1 \(got 2\)"):
+        GNNPipeStrategy(evaluation="graph_parallel", graph_parallel_size=2)
+    with pytest.raises(ValueError, match=r"`evaluation` must be one of .* \(got 'split'\)"):
+        GNNPipeStrategy(evaluation="split")
+    # fewer chunks than stage ranks: refused when named, before any process starts; "auto" runs the pipelined forward
+    trainer = Trainer(accelerator="cpu", devices=2, strategy=GNNPipeStrategy(evaluation="graph_parallel"),
+                      max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    with pytest.raises(ValueError, match=r"needs num_chunks >= 2 \(got 1\)"):
+        trainer.fit(EvalGCN(16, 32, 4, 4), datamodule=GraphChunkDataModule(graph, num_chunks=1))
+    assert resolve_evaluation("auto", 1, 1, 2) == "pipeline" and resolve_evaluation("auto", 1, 4, 2) == \
+        "graph_parallel" and resolve_evaluation("auto", 2, 8, 2) == "pipeline"

@@ -24,7 +24,6 @@ exchanges is a change to this file.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional, Sequence
 
 import torch
@@ -33,6 +32,7 @@ from torch import Tensor, nn
 
 from lightning_gnnpipe.comm.accounting import CommStats
 from lightning_gnnpipe.comm.exchange import RowExchange, SlotPlan, build_slot_plans, partition_halos
+from lightning_gnnpipe.comm.halo_rows import HaloRows
 from lightning_gnnpipe.comm.replicas import all_reduce_grads, broadcast_blocks
 from lightning_gnnpipe.data.chunk import ChunkPlan
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph
@@ -61,16 +61,21 @@ class PartitionExchange:
             raise ValueError(f"PartitionExchange: {num_parts} partitions need the chunk plan (got plan=None).")
         self.size, self.index, self.group, self.stats = num_parts, part, group, stats
         self.plans: List[Optional[SlotPlan]] = []
-        self._halo_plan: Optional[_HaloPlan] = None  # the exact forward's exchange (whole partitions)
+        self._halo_plan: Optional[HaloRows] = None  # the exact forward's exchange (whole partitions)
         if plan is not None and num_parts > 1:
             halos = partition_halos(plan, num_parts)
             self.plans = [p.to(device) if p is not None and device is not None else p
                           for p in build_slot_plans(plan, num_parts, part, halos)]
-            self._halo_plan = _HaloPlan.build(plan, halos, part, device)
+            self._halo_plan = HaloRows.build(plan, [self.chunks_of(q, plan.num_chunks) for q in range(num_parts)],
+                                             part, device, halos)
 
     def chunks(self, num_chunks: int) -> List[int]:
         """The chunks this partition runs, in slot order: ``g, g + G, ...`` of ``K``."""
-        return list(range(self.index, num_chunks, self.size))
+        return self.chunks_of(self.index, num_chunks)
+
+    def chunks_of(self, part: int, num_chunks: int) -> List[int]:
+        """The chunks partition ``part`` runs, in slot order."""
+        return list(range(part, num_chunks, self.size))
 
     def graph_chunks(self, num_chunks: int) -> Optional[List[int]]:
         """The chunks whose halos and edges this rank's chunk graphs need (``None``: all, when ``G = 1``)."""
@@ -152,22 +157,12 @@ class PartitionExchange:
         The next layer of this partition's chunks then reads exact rows only; rows outside the partition and its halo
         are never read. Bytes: ``H_g x d`` received per layer, against the ``2 (G-1)/G |V| x d`` of summing ``out``.
         """
-        if self._halo_plan is None:
-            return out
-        hp = self._halo_plan
-        recv = out.new_empty(hp.recv_ids.numel(), out.size(1))
-        dist.all_to_all_single(recv, out.index_select(0, hp.send_ids).contiguous(), hp.recv_counts, hp.send_counts,
-                               group=self.group)
-        return out.index_copy_(0, hp.recv_ids, recv)
+        return out if self._halo_plan is None else self._halo_plan.share(out, self.group)
 
     def gather_rows(self, out: Tensor) -> Tensor:
         """The whole graph's result ``(|V|, d)`` on every rank of the stage from each partition's own rows of ``out``
         (other rows ignored): one all-reduce of ``|V| x d`` (``G = 1``: ``out`` as it is)."""
-        if self._halo_plan is None:
-            return out
-        full = out.new_zeros(out.shape).index_copy_(0, self._halo_plan.own, out.index_select(0, self._halo_plan.own))
-        dist.all_reduce(full, group=self.group)
-        return full
+        return out if self._halo_plan is None else self._halo_plan.gather(out, self.group)
 
     def sum_grads(self, params: Iterable[nn.Parameter]) -> None:
         """Sum the gradients of the replicas' parameters over the ``G`` ranks (one flat all-reduce; ``G = 1``: no-op)."""
@@ -180,28 +175,3 @@ class PartitionExchange:
         if self.size > 1:
             src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
             broadcast_blocks(blocks, src=src, group=self.group)
-
-
-@dataclass
-class _HaloPlan:
-    """Whole-partition rows of the exact forward's exchange: this partition's nodes ``own`` (sorted), the ones each
-    other partition reads (``send_ids``, grouped by destination, ``send_counts``) and the halo rows it receives
-    (``recv_ids``, grouped by source, ``recv_counts``). Sender and receiver compute each list alike (sorted ids)."""
-
-    own: Tensor
-    send_ids: Tensor
-    send_counts: List[int]
-    recv_ids: Tensor
-    recv_counts: List[int]
-
-    @staticmethod
-    def build(plan: ChunkPlan, halos: List[Tensor], part: int, device: Optional[torch.device]) -> "_HaloPlan":
-        num_parts = len(halos)
-        nodes = [torch.cat([plan.nodes[c] for c in range(q, plan.num_chunks, num_parts)]).sort().values
-                 for q in range(num_parts)]
-        empty = nodes[part][:0]
-        send = [nodes[part][torch.isin(nodes[part], halos[q])] if q != part else empty for q in range(num_parts)]
-        recv = [nodes[q][torch.isin(nodes[q], halos[part])] if q != part else empty for q in range(num_parts)]
-        to = (lambda t: t.to(device)) if device is not None else (lambda t: t)  # noqa: E731
-        return _HaloPlan(to(nodes[part]), to(torch.cat(send)), [int(t.numel()) for t in send], to(torch.cat(recv)),
-                         [int(t.numel()) for t in recv])

@@ -30,14 +30,33 @@ def check_not_multi_stage_hybrid(schedule: str, graph_parallel_size: int) -> Non
         )
 
 
+EVALUATIONS = ("auto", "graph_parallel", "pipeline")
+
+
+def resolve_evaluation(evaluation: str, graph_parallel_size: int, num_chunks: int, num_stages: int) -> str:
+    """The exact forward evaluation runs: ``"auto"`` is ``"graph_parallel"`` when there is one partition and at least
+    one chunk per stage rank (``G = 1``, ``K >= S``), else ``"pipeline"``.
+
+    Raises:
+        ValueError: ``"graph_parallel"`` named with fewer chunks than stages (a rank would have none).
+    """
+    if evaluation == "graph_parallel" and num_chunks < num_stages:
+        raise ValueError(f"GNNPipeStrategy: `evaluation='graph_parallel'` gives every one of the {num_stages} stage "
+                         f"ranks a group of chunks, so it needs num_chunks >= {num_stages} (got {num_chunks}). Use "
+                         "more chunks or evaluation='pipeline'.")
+    if evaluation == "auto":
+        return "graph_parallel" if graph_parallel_size == 1 and num_chunks >= num_stages else "pipeline"
+    return evaluation
+
+
 def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: int, history_momentum: float,
-                           halo_gradients: str, graph_parallel_size: int,
-                           history_dtype: Any = None) -> Tuple[str, Optional[torch.dtype]]:
+                           halo_gradients: str, graph_parallel_size: int, history_dtype: Any = None,
+                           evaluation: str = "auto") -> Tuple[str, Optional[torch.dtype], str]:
     """Validate :class:`~lightning_gnnpipe.GNNPipeStrategy`'s own options.
 
     Returns:
-        The schedule's name and the history tables' dtype (``None``: torch's default; a name such as
-        ``"bfloat16"`` becomes ``torch.bfloat16``).
+        The schedule's name, the history tables' dtype (``None``: torch's default; a name such as
+        ``"bfloat16"`` becomes ``torch.bfloat16``) and ``evaluation``.
 
     Raises:
         ValueError: Unknown ``schedule`` or a ``stages_per_rank`` it does not take
@@ -45,7 +64,7 @@ def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: i
             ``history_momentum`` outside ``[0, 1)``, unknown ``halo_gradients``, ``graph_parallel_size`` not an
             int >= 1, ``halo_gradients="stale"`` with hybrid parallelism or a multi-stage schedule, or a
             multi-stage schedule with hybrid parallelism, a ``history_dtype`` that is not a floating-point torch
-            dtype or its name.
+            dtype or its name, an ``evaluation`` not in :data:`EVALUATIONS`, or ``"graph_parallel"`` with ``G > 1``.
     """
     name = check_schedule(schedule, stages_per_rank=stages_per_rank)
     dtype = getattr(torch, history_dtype, None) if isinstance(history_dtype, str) else history_dtype
@@ -72,12 +91,18 @@ def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: i
             "schedule 'gpipe'/'1f1b'."
         )
     check_not_multi_stage_hybrid(name, G)
-    return name, dtype
+    if evaluation not in EVALUATIONS:
+        raise ValueError(f"GNNPipeStrategy: `evaluation` must be one of {EVALUATIONS} (got {evaluation!r}).")
+    if evaluation == "graph_parallel" and G > 1:
+        raise ValueError(f"GNNPipeStrategy: `evaluation='graph_parallel'` needs graph_parallel_size=1 (got {G}); "
+                         "the hybrid evaluates with evaluation='pipeline' (or 'auto').")
+    return name, dtype, evaluation
 
 
 def check_layout(
     module: nn.Module, datamodule: Optional[object], num_stages: int, schedule: str, fitting: bool = True,
     graph_parallel_size: int = 1, stages_per_rank: int = 1, world_size: Optional[int] = None,
+    evaluation: str = "auto",
 ) -> LayerStack:
     """Validate everything the pipeline needs and return the model's layer stack.
 
@@ -90,6 +115,7 @@ def check_layout(
         graph_parallel_size: ``G``.
         stages_per_rank: ``v``; the layers are cut into ``S * v`` virtual stages.
         world_size: ``P = S * G`` processes (default ``S * G``).
+        evaluation: The strategy's ``evaluation`` (:func:`resolve_evaluation`).
 
     Raises:
         TypeError: No ``GraphChunkDataModule``, or no splittable layer stack.
@@ -97,8 +123,9 @@ def check_layout(
             ``G``, more (virtual) stages than layers, a multi-hop conv, a graph-wide norm layer (see
             :func:`~lightning_gnnpipe.nn.feature_norm.check_feature_norms`), a schedule that cannot run with
             the given ``K``, ``S`` and ``v`` (:func:`~lightning_gnnpipe.pipeline.schedule.check_schedule`), or a
-            multi-stage schedule with ``G > 1``. Whether the loss can drive a schedule other than GPipe is decided
-            at setup (:mod:`~lightning_gnnpipe.strategy.schedule_choice`).
+            multi-stage schedule with ``G > 1``, or ``evaluation="graph_parallel"`` with ``K < S``. Whether the loss
+            can drive a schedule other than GPipe is decided at setup
+            (:mod:`~lightning_gnnpipe.strategy.schedule_choice`).
     """
     G, world = graph_parallel_size, world_size if world_size is not None else num_stages * graph_parallel_size
     if world % G:
@@ -118,6 +145,7 @@ def check_layout(
             "GNNPipeStrategy: pass the graph as `datamodule=GraphChunkDataModule(data, num_chunks=K)` "
             f"(got datamodule={type(datamodule).__name__}). The strategy needs its chunk plan."
         )
+    resolve_evaluation(evaluation, G, datamodule.num_chunks, num_stages)
     stack = find_layer_stack(module)
     check_one_hop(stack.blocks)
     check_feature_norms(stack.blocks)

@@ -26,6 +26,7 @@ from lightning_gnnpipe.strategy.checkpoint import PipelineCheckpointHooks, resto
 from lightning_gnnpipe.strategy.checks import check_layout, check_lightning_usage, check_pipeline_options
 from lightning_gnnpipe.strategy.failures import unwrap_stage_error
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
+from lightning_gnnpipe.strategy.graph_parallel_eval import GraphParallelEvaluation
 from lightning_gnnpipe.strategy.precision import global_norm_clipping
 from lightning_gnnpipe.strategy.schedule_choice import ScheduleChoice, choose_schedule, probe_on_one_rank
 from lightning_gnnpipe.strategy.state import tensor_owners
@@ -47,8 +48,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
 
     Training runs the user's unchanged ``training_step`` on the full-graph output (assembled
     on the last stage and broadcast to every rank, so every rank logs the same values).
-    Validation, test and predict run an exact layer-by-layer forward through the stages (no
-    historical rows), so their metrics are the model's true full-graph metrics.
+    Validation, test and predict run an exact layer-by-layer forward (no historical rows), so their
+    metrics are the model's true full-graph metrics.
 
     Args:
         schedule: ``"auto"`` (default): ``"1f1b"`` when the ``training_step`` loss is a sum of per-node terms (checked
@@ -92,6 +93,9 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             halo). Same results, one more forward; less memory for blocks with large intermediates (edge-list
             convs), more for PyG layers on the sparse path (docs/results/scale.md). GPipe keeps every chunk's
             activations until the backward; 1F1B at most about ``S`` chunks' (the schedule that keeps least).
+        evaluation: The exact forward of evaluation, same logits either way: ``"graph_parallel"`` (``"auto"`` when
+            ``graph_parallel_size=1``, ``K >= S``): all ranks at once, a group of chunks each, halo rows exchanged per
+            layer (``strategy/graph_parallel_eval.py``); ``"pipeline"``: stage after stage, fewer bytes.
         **kwargs: ``timeout``, ``exchange_timeout``, ``start_method``, ``process_group_backend``, ``profile_epoch``,
             ``trace_dir``, ``heap_mmap_threshold``, ``huge_pages``: see :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`.
 
@@ -126,11 +130,12 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         graph_parallel_size: int = 1,
         stages_per_rank: int = 1,
         activation_checkpointing: bool = False,
+        evaluation: str = "auto",
         **kwargs: Any,
     ) -> None:
-        self.schedule_name, self.history_dtype = check_pipeline_options(
+        self.schedule_name, self.history_dtype, self.evaluation = check_pipeline_options(
             schedule, stages_per_rank, refresh_every, history_momentum, halo_gradients, graph_parallel_size,
-            history_dtype)
+            history_dtype, evaluation)
         super().__init__(**kwargs)
         self.stages_per_rank, self.graph_parallel_size = stages_per_rank, graph_parallel_size
         self.refresh_on_start, self.refresh_every, self.save_history = refresh_on_start, refresh_every, save_history
@@ -141,6 +146,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         self._pp_group: Any = None  # this rank's pipeline (S ranks); None = world
         self._gp_group: Any = None  # this rank's stage group (G ranks); None without hybrid
         self._runtime: Optional[PipelineRuntime] = None
+        self._evaluation: Optional[GraphParallelEvaluation] = None  # evaluation="graph_parallel"'s forward
         self._history: Optional[HistoryLifecycle] = None
         self._resume_state: Optional[Dict[str, Any]] = None
         self._owners: Dict[int, int] = {}
@@ -184,7 +190,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         stack = check_layout(module, datamodule if datamodule is not None else trainer.datamodule, self.num_stages,
                              self.schedule_name, fitting=trainer.state.fn in (None, TrainerFn.FITTING),
                              graph_parallel_size=self.graph_parallel_size, stages_per_rank=self.stages_per_rank,
-                             world_size=self.num_nodes * self.num_processes)
+                             world_size=self.num_nodes * self.num_processes, evaluation=self.evaluation)
         check_lightning_usage(trainer, module, stack, "GNNPipeStrategy")
         return stack
 
@@ -197,10 +203,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         self._layers = [[layer for i, r in enumerate(ranks) if r == s for layer in virtual[i]]
                         for s in range(topo.num_stages)]
         self._owners = tensor_owners(stack.blocks, self._layers)
-        rank_zero_info(f"GNNPipeStrategy: stage -> layers {virtual}" + (
-            f", rank -> stages {[[i for i, r in enumerate(ranks) if r == s] for s in range(topo.num_stages)]}"
-            if self.stages_per_rank > 1 else "") + f"; {plan.num_chunks} chunks of "
-            f"{min(plan.chunk_sizes)}-{plan.max_chunk_size} nodes, edge cut {plan.edge_cut:.3f}")
+        rank_zero_info(topo.describe(virtual, plan.chunk_sizes, plan.edge_cut))
         layout = RankLayout(topo.local_stages(rank), ranks, self.stage_index,
                             [topo.rank_of(rank, s) for s in range(topo.num_stages)], self._pp_group,
                             self._gp_group, self.graph_parallel_size, self.partition_index)
@@ -208,6 +211,9 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             stack.blocks, virtual, self._dims, plan, data.edge_index, x, layout, self.root_device, self.comm_stats,
             self.history_momentum, self.halo_gradients, self._boundary_dtype, self.activation_checkpointing,
             self.history_dtype, self.host_threads())
+        self._evaluation = GraphParallelEvaluation.build(  # None: evaluation="pipeline"
+            self.evaluation, self.graph_parallel_size, stack.blocks, plan, data.edge_index, x, topo.num_stages,
+            self.stage_index, self._pp_group, self.root_device, (self._boundary_dtype or x.dtype) != x.dtype)
         check_stage_widths(runtime.widths, self._pp_group)
         self._history = HistoryLifecycle(runtime.stages, runtime.full_forward, self.refresh_every,
                                          self.log_staleness, trainer.datamodule.stale_read_stats())
@@ -233,11 +239,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         return global_norm_clipping(plugin, group=self._pp_group, device=self.root_device)
 
     def refresh_history(self) -> Dict[int, float]:
-        """Refill every stage's history tables with an exact no-grad full-graph forward (a collective).
-
-        Returns:
-            Drift ``||h_hist - h_exact|| / ||h_exact||`` per refreshed layer, gathered from all stages.
-        """
+        """Refill every stage's history tables with an exact no-grad full-graph forward (a collective); return the
+        drift ``||h_hist - h_exact|| / ||h_exact||`` per refreshed layer, gathered from all stages."""
         assert self._history is not None
         return self._history.refresh()
 
@@ -273,23 +276,20 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         return self._end_step(output)
 
     def full_logits(self) -> Tensor:
-        assert self._runtime is not None
-        return self._runtime.full_forward()
+        run, split = self._runtime, self._evaluation
+        assert run is not None
+        return run.full_forward() if split is None else split(self.lightning_module, self._owners, run.stages[0].epoch)
 
     def kept_bytes(self) -> Tuple[int, int]:  # (history tables, chunk graphs) of this rank's stages, in bytes
-        return self._runtime.kept_bytes() if self._runtime is not None else (0, 0)
+        tables, graphs = self._runtime.kept_bytes() if self._runtime is not None else (0, 0)
+        return tables, graphs + (self._evaluation.nbytes() if self._evaluation is not None else 0)
 
     def rank_location(self) -> str:
         """This rank's place, named in error notes: ``"rank r (stage s of S[, partition g of G][, layers [...]])"``."""
-        parts = [f"stage {self.stage_index} of {self.num_stages}"]
-        if self.graph_parallel_size > 1:
-            parts.append(f"partition {self.partition_index} of {self.graph_parallel_size}")
-        if self._layers:
-            parts.append(f"layers {self._layers[self.stage_index]}")
-        return f"rank {self.global_rank} ({', '.join(parts)})"
+        return self.topology.location(self.global_rank, self._layers)
 
     def teardown(self) -> None:
-        self._runtime = self._history = self._resume_state = self.schedule_choice = self._loss = None
+        self._runtime = self._history = self._resume_state = self.schedule_choice = self._loss = self._evaluation = None
         super().teardown()
 
     @classmethod

@@ -76,6 +76,26 @@ class PipelineTopology:
         s = self.stage_index(global_rank)
         return [i for i, r in enumerate(self.virtual_stage_ranks) if r == s]
 
+    def location(self, global_rank: int, layers: Optional[List[List[int]]] = None) -> str:
+        """The rank's place, named in error notes: ``"rank r (stage s of S[, partition g of G][, layers [...]])"``;
+        ``layers``: those of every pipeline position, once known."""
+        s = self.stage_index(global_rank)
+        parts = [f"stage {s} of {self.num_stages}"]
+        if self.graph_parallel_size > 1:
+            parts.append(f"partition {self.partition_index(global_rank)} of {self.graph_parallel_size}")
+        if layers:
+            parts.append(f"layers {layers[s]}")
+        return f"rank {global_rank} ({', '.join(parts)})"
+
+    def describe(self, virtual: List[List[int]], chunk_sizes: List[int], edge_cut: float) -> str:
+        """One line for the log: the layers of every stage (and the stages of every rank when ``v > 1``) and the
+        chunks: ``virtual`` the layers of every virtual stage, ``chunk_sizes`` nodes per chunk."""
+        ranks = self.virtual_stage_ranks
+        return (f"GNNPipeStrategy: stage -> layers {virtual}" + (
+            f", rank -> stages {[[i for i, r in enumerate(ranks) if r == s] for s in range(self.num_stages)]}"
+            if self.stages_per_rank > 1 else "") + f"; {len(chunk_sizes)} chunks of "
+            f"{min(chunk_sizes)}-{max(chunk_sizes)} nodes, edge cut {edge_cut:.3f}")
+
 
 def build_mesh(topology: PipelineTopology, device_type: str, timeout: timedelta,
                world_group: Optional[Any] = None) -> Tuple[DeviceMesh, Any, Any]:

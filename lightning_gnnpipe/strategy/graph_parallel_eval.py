@@ -1,0 +1,94 @@
+"""GNNPipe's exact evaluation forward run the graph-parallel way: all ranks compute at once.
+
+The pipelined exact forward (:meth:`~lightning_gnnpipe.pipeline.runtime.PipelineRuntime.full_forward`) runs the
+stages one after the other: while one stage computes every node's rows of its layers, the other ranks wait. For
+evaluation the weights are fixed, so the ``S`` ranks of a pipeline can share the nodes instead: each takes a group of
+about ``K / S`` chunks that read each other's rows (:func:`~lightning_gnnpipe.comm.halo_rows.chunk_groups`), merged
+into one part (:func:`~lightning_gnnpipe.comm.halo_rows.group_plan`), through all ``L`` layers with every stage's
+current weights (the strategy copies them from their owners first), and receives its halo rows from the other parts
+before each message-passing layer: graph parallelism's forward
+(:class:`~lightning_gnnpipe.strategy.partition_forward.PartitionForward`), without gradients. The logits are the
+pipelined forward's (the same blocks on the same exact rows; ``tests/test_eval_modes.py``). Bytes per evaluation:
+every message-passing layer's halo rows of the parts, against ``|V| x d`` per stage boundary.
+
+The history refresh keeps the pipelined forward: it fills each stage's tables with the inputs of that stage's layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from lightning_gnnpipe.comm.halo_rows import chunk_groups, group_plan
+from lightning_gnnpipe.comm.partitions import PartitionExchange
+from lightning_gnnpipe.data.chunk import ChunkPlan
+from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
+from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
+from lightning_gnnpipe.nn.gcn_norm import norm_keys
+from lightning_gnnpipe.strategy.checks import resolve_evaluation
+from lightning_gnnpipe.strategy.partition_forward import PartitionForward
+from lightning_gnnpipe.strategy.state import sync_stage_tensors
+
+
+class GraphParallelEvaluation:
+    """The exact whole-graph forward of all ``L`` blocks, this rank computing one part of ``S``.
+
+    Args:
+        blocks: The model's ``L`` layer blocks (the user's modules, shared).
+        plan: The chunk plan (``K >= S`` chunks); ``edge_index`` ``(2, |E|)`` and ``x`` ``(|V|, F)`` the graph.
+        num_ranks: ``S``, the ranks that share the forward (a pipeline's); ``position``: this rank's, in ``[0, S)``.
+        group: Their process group (``None``: the world).
+        device: Where the forward runs.
+        autocast: Whether evaluation runs under autocast (``bf16-mixed``): the part's graph then holds edge lists.
+
+    Memory: the part's chunk graph, kept for the fit (about ``1 / S`` of a stage's, which holds all ``K`` chunks),
+    and while it runs one part's rows (``|V| / S`` plus its halo) per layer.
+
+    Raises:
+        ValueError: ``S`` exceeds ``K`` (:func:`~lightning_gnnpipe.comm.halo_rows.chunk_groups`).
+
+    Shapes:
+        ``__call__()`` -> ``(|V|, C)`` on every rank.
+    """
+
+    def __init__(self, blocks: List[nn.Module], plan: ChunkPlan, edge_index: Tensor, x: Tensor, num_ranks: int,
+                 position: int, group, device: torch.device, autocast: bool = False) -> None:
+        self.groups = chunk_groups(plan, num_ranks)
+        parts = group_plan(plan, self.groups)  # one chunk per rank: its group, with the group's halo
+        graph = build_chunk_graph(parts, edge_index, norm_keys(blocks), device, dtype=x.dtype, chunks=[position],
+                                  **chunk_graph_options(blocks, autocast=autocast))
+        self.forward = PartitionForward(blocks, graph, PartitionExchange(parts, num_ranks, position, group, None,
+                                                                         device), x)
+        self.group, self.num_nodes = group, plan.num_nodes
+
+    @staticmethod
+    def build(evaluation: str, graph_parallel_size: int, blocks: List[nn.Module], plan: ChunkPlan, *args: Any,
+              **kwargs: Any) -> Optional["GraphParallelEvaluation"]:
+        """One if the strategy's ``evaluation`` resolves to ``"graph_parallel"``
+        (:func:`~lightning_gnnpipe.strategy.checks.resolve_evaluation`), else ``None``; ``args`` and ``kwargs``: the
+        class's arguments after ``plan`` (``edge_index, x, num_ranks, ...``)."""
+        mode = resolve_evaluation(evaluation, graph_parallel_size, plan.num_chunks, args[2])
+        return GraphParallelEvaluation(blocks, plan, *args, **kwargs) if mode == "graph_parallel" else None
+
+    @torch.no_grad()
+    def __call__(self, module: nn.Module, owners: Dict[int, int], epoch: int = 0) -> Tensor:
+        """The logits ``(|V|, C)`` of the exact forward on every rank (a collective over the group).
+
+        Args:
+            module: The user's module, whose every stage's parameters and buffers are first copied from the rank
+                that trains them (:func:`~lightning_gnnpipe.strategy.state.sync_stage_tensors` with ``owners``).
+            epoch: Keys :class:`~lightning_gnnpipe.nn.NodeDropout`'s masks.
+        """
+        sync_stage_tensors(module, owners, group=self.group)
+        out = self.forward(epoch)
+        full = out.new_zeros(self.num_nodes, out.size(1))
+        full[self.forward.graph.nodes[self.forward.part]] = out
+        dist.all_reduce(full, group=self.group)
+        return full
+
+    def nbytes(self) -> int:
+        """Bytes of the part's chunk graph."""
+        return self.forward.graph.nbytes()
