@@ -72,8 +72,8 @@ FINDINGS = [
     "parallelism, whose halo exchange precedes every layer's compute. So the "
     "per-epoch ratio follows the bytes ratio, and on this graph graph parallelism sends only about 1.5x GNNPipe's "
     "bytes: a 2-way METIS cut of a community graph leaves few halo nodes (GNNPipe's traffic, `2 (S-1) |V| d` plus "
-    "GCNII's `x0`, does not depend on the cut; graph parallelism's, `2 L H d`, does). GNNPipe's exact validation "
-    "also sends every node's activations (and `x0`) across the stage boundary.",
+    "GCNII's `x0`, does not depend on the cut; graph parallelism's, `2 L H d`, does). GNNPipe's exact validation runs "
+    "the graph-parallel way by default and sends every layer's halo rows, as graph parallelism's does (below).",
     "",
     "GCNII-16 under GNNPipe: the training loss follows exact training for 17 epochs (1.31 against 1.40 at epoch 18), "
     "then rises and swings (1.23 to 1.91) while exact's keeps falling, and validation accuracy falls from 0.69 to "
@@ -90,19 +90,32 @@ FINDINGS = [
     "directions pass the one loopback, the calibration's 1-core seconds per layer) picks the faster training step "
     "at every rate but one: GCNII-16 on the free link, where it predicts 10.4 s for GNNPipe against 10.0 s for "
     "graph parallelism and measures 8.2 s against 11.0 s (a K = 8 chunk runs faster than 1/8 of the whole-graph "
-    "layer time it is scaled from). It estimates training only: at 400 Gbit/s it rightly picks GNNPipe's training "
-    "step (12.7 s against 14.1 s), while GNNPipe's slower validation makes graph parallelism's whole epoch the "
-    "shorter one there (19.2 s against 19.6 s).",
+    "layer time it is scaled from). It estimates the training step only; with GCNII-16 GNNPipe's whole epoch, "
+    "validation included, is the shorter one at every rate as well.",
     "",
-    "Validation (`python -m benchmarks.time_to_accuracy.validation_probe`): GNNPipe's stages run the exact forward "
-    "one after the other, each with both cores while the other rank waits (a rank waiting in gloo's recv uses no "
-    "CPU: 0.00 s over a 2.00 s wait). The two stages' exact forward of GraphSAGE-8 at 300k, in one process with 2 "
-    "threads, took 1.76, 2.09 and 1.98 s in three runs against 1.69, 1.71 and 1.99 s for the single process's "
-    "whole-graph CSR forward (this machine's noise is that large): the chunked compute costs 1.0x to 1.2x. In a "
-    "fit's two processes (`--part fit`, three `Trainer.validate` calls) the same stages took 1.06 to 1.31 s (first) "
-    "and 1.46 to 2.10 s (last), 2.86 to 3.28 s for the whole exact forward: the stages compute slower there than "
-    "in one process, by a cause not found yet, and that, not the transfers, is GNNPipe's extra validation time; "
-    "graph parallelism's validation is the cheapest because both ranks compute at once.",
+    "Validation: GNNPipe evaluates the graph-parallel way by default (`evaluation=\"auto\"`): the stages' weights "
+    "are copied to both ranks, each takes 4 of the 8 chunks, grouped so that they read each other's rows (at 300k "
+    "26k and 27k halo rows, as few as a 2-way METIS cut's 33k and 24k), through all layers, and the ranks exchange "
+    "halo rows before each layer. On the free link its validation now costs less than the single process's: 1.49 s "
+    "(GraphSAGE-8) and 2.35 s (GCNII-16) at 300k against exact's 2.04 and 3.05 s, and 5.92 s at 1M against 6.66 s. "
+    "With the stages one after the other (`evaluation=\"pipeline\"`, the earlier default, still available) they "
+    "took 2.75, 5.42 and 11.64 s. Over a slow link the graph-parallel way sends more (every layer's halo rows "
+    "against one `|V| x d` per stage boundary): GCNII-16 validation takes 14.8 s against 14.3 s at 163 Mbit/s and "
+    "118.1 s against 106.5 s at 16 Mbit/s, still less than graph parallelism's 117.3 + 3.4 s there. Its cost is "
+    "memory: each rank keeps its group's chunk graph and computes a whole group's rows per layer; the largest 1M "
+    "rank peaked at 3.84 GiB USS against 3.40 GiB.",
+    "",
+    "Why the stages one after the other were slower than one process (`python -m "
+    "benchmarks.time_to_accuracy.validation_probe --part fit [--allocator glibc]`, GraphSAGE-8 at 300k, three "
+    "`Trainer.validate` calls, `evaluation=\"pipeline\"`): a waiting rank costs nothing (0.00 s of CPU over a 2.00 s "
+    "wait in gloo's recv), and in one process the two stages' exact forward costs what the single process's does "
+    "(1.76-2.09 s against 1.69-1.99 s, 2 threads). In a fit, the stage on the rank that the strategy starts took "
+    "1.16-3.17 s, 0.53-2.49 s of it kernel time, against 1.11-1.25 s (0.36-0.53 s kernel) on the rank that calls "
+    "`validate`. The difference is kernel time on fresh memory under the allocator settings the strategy gives the "
+    "ranks it starts (torch's transparent huge pages, a 16 MiB glibc mmap threshold). Without them (`--allocator glibc`) that stage took "
+    "0.98-1.07 s (0.29-0.45 s kernel) and the whole exact forward 2.01-2.37 s against 2.34-4.45 s. Those settings "
+    "keep the training step's memory down and its time short (docs/results/notes/memory.md); the graph-parallel "
+    "evaluation runs under them too and is faster because both ranks compute at once, each half the rows.",
     "",
     "The hybrid 2x2 runs 4 processes on the 2 cores and sends the most (0.71 GiB a training step: stage boundaries "
     "0.29, halo rows and their gradients 0.39, logits 0.04), so it is the slowest mode here: 20.3 s an epoch on the "
@@ -111,9 +124,10 @@ FINDINGS = [
     "149.1 s of validation at 163 Mbit/s against 33.5 s now (free link: 11.3 s against 10.1 s).",
     "",
     "1M nodes, 20M edges (residual GraphSAGE-8, free link, one seed): GNNPipe's accuracy equals exact training's "
-    "(0.6771 against 0.6768) and its training step is 0.56x the single process's (18.35 s against 32.98 s), but its "
-    "exact validation takes 11.64 s against 6.66 s, so its epoch is 0.76x (target 0.7x). Graph parallelism, "
-    "14.90 + 4.61 s, is 0.49x: on the free link the cheaper mode at this size.",
+    "(0.6771 against 0.6768), its training step is 0.60x the single process's (19.70 s against 32.98 s) and its "
+    "exact validation 0.89x (5.92 s against 6.66 s), so it reaches 99% of exact's best validation accuracy in 0.65x "
+    "exact's seconds (target 0.7x; 0.76x with `evaluation=\"pipeline\"`, whose validation took 11.64 s). Graph "
+    "parallelism, 14.90 + 4.61 s, is 0.49x: on the free link the cheaper mode at this size.",
 ]
 
 

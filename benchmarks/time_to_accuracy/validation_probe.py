@@ -2,18 +2,24 @@
 
     python -m benchmarks.time_to_accuracy.validation_probe             # probes 1 and 2
     python -m benchmarks.time_to_accuracy.validation_probe --part fit  # probe 3
+    python -m benchmarks.time_to_accuracy.validation_probe --part fit --allocator glibc  # probe 3, glibc's heap
 
 1. A rank waiting in gloo's ``recv`` while the other computes with 2 threads: its CPU seconds (does waiting cost a
    core the computing stage could use?).
 2. The exact forward of residual GraphSAGE-8 on the 300k community graph, in one process with 2 threads: the
    single process's whole-graph CSR forward against the two GNNPipe stages' ``forward_full`` (K = 8), median of 3.
-3. The same in a fit's processes: ``Trainer.validate`` three times under ``GNNPipeStrategy(start_method="popen")``
-   (2 processes), each rank's ``GNNStage.forward_full`` and ``PipelineRuntime.full_forward`` seconds.
+3. The same in a fit's processes: ``Trainer.validate`` three times under ``GNNPipeStrategy(start_method="popen",
+   evaluation="pipeline")`` (2 processes), each rank's ``GNNStage.forward_full`` and ``PipelineRuntime.full_forward``
+   seconds, and the stage's CPU seconds in user and kernel mode (``getrusage``). Rank 1, which the strategy starts,
+   runs with the strategy's allocator settings (torch's transparent huge pages, a 16 MiB glibc mmap threshold);
+   ``--allocator glibc`` starts it with neither (``huge_pages=False, heap_mmap_threshold=None``). Rank 0 is the
+   process that calls ``validate``, which the strategy never changes.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import sys
 import time
@@ -106,7 +112,7 @@ def forward_probe() -> None:
           f"{last:.2f} s = {first + last:.2f} s (2 threads, one process)", flush=True)
 
 
-def fit_probe() -> None:
+def fit_probe(allocator: str = "default") -> None:
     import json
 
     from lightning.pytorch import Trainer
@@ -120,9 +126,12 @@ def fit_probe() -> None:
 
     def timed(name, fn):
         def wrapper(*args, **kwargs):
-            t0 = time.perf_counter()
+            t0, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
             out = fn(*args, **kwargs)
+            end = resource.getrusage(resource.RUSAGE_SELF)
             seconds.setdefault(name, []).append(round(time.perf_counter() - t0, 2))
+            seconds.setdefault(name + " user/kernel CPU s", []).append(
+                (round(end.ru_utime - cpu.ru_utime, 2), round(end.ru_stime - cpu.ru_stime, 2)))
             return out
         return wrapper
 
@@ -131,16 +140,18 @@ def fit_probe() -> None:
     data = community_graph(GraphSpec(num_nodes=300_000))
     module = Classifier(build_model("ressage8", data.num_features, int(data.y.max()) + 1, 0),
                         LEARNING_RATE["ressage8"])
-    trainer = Trainer(accelerator="cpu", devices=2, strategy=GNNPipeStrategy(start_method="popen"), logger=False,
+    options = {} if allocator == "default" else {"huge_pages": False, "heap_mmap_threshold": None}
+    strategy = GNNPipeStrategy(start_method="popen", evaluation="pipeline", **options)
+    trainer = Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False,
                       enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1)
     for _ in range(3):
         trainer.validate(module, datamodule=GraphChunkDataModule(data, num_chunks=8), verbose=False)
-    print(f"fit probe: rank {trainer.global_rank}: {json.dumps(seconds)}", flush=True)
+    print(f"fit probe ({allocator} allocator): rank {trainer.global_rank}: {json.dumps(seconds)}", flush=True)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--part", "fit"]:
-        fit_probe()
+    if sys.argv[1:3] == ["--part", "fit"]:
+        fit_probe("glibc" if sys.argv[3:] == ["--allocator", "glibc"] else "default")
     else:
         mp.spawn(_rank, args=(_free_port(),), nprocs=2)
         forward_probe()

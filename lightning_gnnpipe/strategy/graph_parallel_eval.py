@@ -16,7 +16,7 @@ The history refresh keeps the pipelined forward: it fills each stage's tables wi
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -65,13 +65,14 @@ class GraphParallelEvaluation:
         self.group, self.num_nodes = group, plan.num_nodes
 
     @staticmethod
-    def build(evaluation: str, graph_parallel_size: int, blocks: List[nn.Module], plan: ChunkPlan, *args: Any,
-              **kwargs: Any) -> Optional["GraphParallelEvaluation"]:
-        """One if the strategy's ``evaluation`` resolves to ``"graph_parallel"``
-        (:func:`~lightning_gnnpipe.strategy.checks.resolve_evaluation`), else ``None``; ``args`` and ``kwargs``: the
-        class's arguments after ``plan`` (``edge_index, x, num_ranks, ...``)."""
-        mode = resolve_evaluation(evaluation, graph_parallel_size, plan.num_chunks, args[2])
-        return GraphParallelEvaluation(blocks, plan, *args, **kwargs) if mode == "graph_parallel" else None
+    def build(evaluation: str, graph_parallel_size: int, blocks: List[nn.Module], plan: ChunkPlan, edge_index: Tensor,
+              x: Tensor, num_ranks: int, position: int, group, device: torch.device,
+              autocast: bool = False) -> Optional["GraphParallelEvaluation"]:
+        """One if the strategy's ``evaluation`` resolves to ``"graph_parallel"`` with ``G = graph_parallel_size``
+        (:func:`~lightning_gnnpipe.strategy.checks.resolve_evaluation`), else ``None``; the rest as the class's."""
+        if resolve_evaluation(evaluation, graph_parallel_size, plan.num_chunks, num_ranks) != "graph_parallel":
+            return None
+        return GraphParallelEvaluation(blocks, plan, edge_index, x, num_ranks, position, group, device, autocast)
 
     @torch.no_grad()
     def __call__(self, module: nn.Module, owners: Dict[int, int], epoch: int = 0) -> Tensor:
