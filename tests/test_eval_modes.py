@@ -189,3 +189,4 @@ def test_graph_parallel_evaluation_is_refused_where_it_cannot_run(graph):
         trainer.fit(EvalGCN(16, 32, 4, 4), datamodule=GraphChunkDataModule(graph, num_chunks=1))
     assert resolve_evaluation("auto", 1, 1, 2) == "pipeline" and resolve_evaluation("auto", 1, 4, 2) == \
         "graph_parallel" and resolve_evaluation("auto", 2, 8, 2) == "pipeline"
+    assert resolve_evaluation("auto", 1, 4, 2, autocast=True) == "pipeline"  # bf16-mixed rounds at stage boundaries

@@ -2,9 +2,9 @@
 layer, and receives its halo's rows from their owners between layers.
 
 This is graph parallelism's forward (e.g. DistGNN, arXiv 2104.06700) without gradients. The hybrid's partitions run
-their exact forward this way (:class:`~lightning_gnnpipe.comm.partitions.PartitionExchange`), and so does GNNPipe's
-evaluation over its stage ranks (:class:`~lightning_gnnpipe.pipeline.split_forward.SplitExactForward`), where the
-stages would otherwise run one after the other while the other ranks wait.
+their exact forward this way (:class:`~lightning_gnnpipe.comm.partitions.PartitionExchange`). GNNPipe's
+graph-parallel evaluation (:class:`~lightning_gnnpipe.strategy.graph_parallel_eval.GraphParallelEvaluation`) merges
+each stage rank's group of chunks into one part with :func:`chunk_groups` and :func:`group_plan`.
 
 A group's halo is every row outside the group that an edge leads from into it. :class:`HaloRows` holds, for one
 rank, which of its rows each other rank reads and which rows it receives, so that one ``all_to_all_single`` per layer

@@ -33,9 +33,11 @@ def check_not_multi_stage_hybrid(schedule: str, graph_parallel_size: int) -> Non
 EVALUATIONS = ("auto", "graph_parallel", "pipeline")
 
 
-def resolve_evaluation(evaluation: str, graph_parallel_size: int, num_chunks: int, num_stages: int) -> str:
+def resolve_evaluation(evaluation: str, graph_parallel_size: int, num_chunks: int, num_stages: int,
+                       autocast: bool = False) -> str:
     """The exact forward evaluation runs: ``"auto"`` is ``"graph_parallel"`` when there is one partition and at least
-    one chunk per stage rank (``G = 1``, ``K >= S``), else ``"pipeline"``.
+    one chunk per stage rank (``G = 1``, ``K >= S``) and no autocast (``bf16-mixed`` rounds the pipelined forward's
+    rows at every stage boundary, which the graph-parallel forward has not), else ``"pipeline"``.
 
     Raises:
         ValueError: ``"graph_parallel"`` named with fewer chunks than stages (a rank would have none).
@@ -45,7 +47,8 @@ def resolve_evaluation(evaluation: str, graph_parallel_size: int, num_chunks: in
                          f"ranks a group of chunks, so it needs num_chunks >= {num_stages} (got {num_chunks}). Use "
                          "more chunks or evaluation='pipeline'.")
     if evaluation == "auto":
-        return "graph_parallel" if graph_parallel_size == 1 and num_chunks >= num_stages else "pipeline"
+        return "graph_parallel" if graph_parallel_size == 1 and num_chunks >= num_stages and not autocast \
+            else "pipeline"
     return evaluation
 
 

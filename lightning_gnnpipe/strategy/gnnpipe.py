@@ -48,8 +48,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
 
     Training runs the user's unchanged ``training_step`` on the full-graph output (assembled
     on the last stage and broadcast to every rank, so every rank logs the same values).
-    Validation, test and predict run an exact layer-by-layer forward (no historical rows), so their
-    metrics are the model's true full-graph metrics.
+    Validation, test and predict run an exact forward (no historical rows): the true full-graph metrics.
 
     Args:
         schedule: ``"auto"`` (default): ``"1f1b"`` when the ``training_step`` loss is a sum of per-node terms (checked
@@ -93,9 +92,9 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             halo). Same results, one more forward; less memory for blocks with large intermediates (edge-list
             convs), more for PyG layers on the sparse path (docs/results/scale.md). GPipe keeps every chunk's
             activations until the backward; 1F1B at most about ``S`` chunks' (the schedule that keeps least).
-        evaluation: The exact forward of evaluation, same logits either way: ``"graph_parallel"`` (``"auto"`` when
-            ``graph_parallel_size=1``, ``K >= S``): all ranks at once, a group of chunks each, halo rows exchanged per
-            layer (``strategy/graph_parallel_eval.py``); ``"pipeline"``: stage after stage, fewer bytes.
+        evaluation: The exact forward of evaluation: ``"graph_parallel"`` (``"auto"`` when ``G = 1``, ``K >= S``, no
+            ``bf16-mixed``): all ranks at once, a group of chunks each, halo rows exchanged per layer
+            (``strategy/graph_parallel_eval.py``); ``"pipeline"``: stage after stage, ``|V| x d`` per boundary.
         **kwargs: ``timeout``, ``exchange_timeout``, ``start_method``, ``process_group_backend``, ``profile_epoch``,
             ``trace_dir``, ``heap_mmap_threshold``, ``huge_pages``: see :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`.
 
@@ -213,7 +212,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             self.history_dtype, self.host_threads())
         self._evaluation = GraphParallelEvaluation.build(  # None: evaluation="pipeline"
             self.evaluation, self.graph_parallel_size, stack.blocks, plan, data.edge_index, x, topo.num_stages,
-            self.stage_index, self._pp_group, self.root_device, (self._boundary_dtype or x.dtype) != x.dtype)
+            self.stage_index, self._pp_group, self.root_device, (self._boundary_dtype or x.dtype) != x.dtype,
+            release_features=not any(stage.is_first for stage in runtime.stages))
         check_stage_widths(runtime.widths, self._pp_group)
         self._history = HistoryLifecycle(runtime.stages, runtime.full_forward, self.refresh_every,
                                          self.log_staleness, trainer.datamodule.stale_read_stats())
@@ -230,7 +230,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             self._loss.loss_mode = choice.loss_mode
             runtime.build_schedule(choice.schedule, choice.loss_mode)
 
-    def _graph_tensors_done(self, data: Any) -> List[Tensor]:  # only stage 0 reads the features
+    def _graph_tensors_done(self, data: Any) -> List[Tensor]:  # only stage 0 reads the features in training
         first = self._runtime is not None and any(stage.is_first for stage in self._runtime.stages)
         return super()._graph_tensors_done(data) + ([] if first else [data.x])
 

@@ -8,8 +8,10 @@ into one part (:func:`~lightning_gnnpipe.comm.halo_rows.group_plan`), through al
 current weights (the strategy copies them from their owners first), and receives its halo rows from the other parts
 before each message-passing layer: graph parallelism's forward
 (:class:`~lightning_gnnpipe.strategy.partition_forward.PartitionForward`), without gradients. The logits are the
-pipelined forward's (the same blocks on the same exact rows; ``tests/test_eval_modes.py``). Bytes per evaluation:
-every message-passing layer's halo rows of the parts, against ``|V| x d`` per stage boundary.
+pipelined forward's (the same blocks on the same exact rows; ``tests/test_eval_modes.py``; under ``bf16-mixed``
+they differ by the pipeline's rounding at stage boundaries). Bytes per evaluation: every stage's weights once (one
+broadcast per tensor) and every message-passing layer's halo rows of the parts, against ``|V| x d`` per stage
+boundary for the pipelined forward.
 
 The history refresh keeps the pipelined forward: it fills each stage's tables with the inputs of that stage's layers.
 """
@@ -28,6 +30,7 @@ from lightning_gnnpipe.data.chunk import ChunkPlan
 from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
 from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
 from lightning_gnnpipe.nn.gcn_norm import norm_keys
+from lightning_gnnpipe.strategy.allocator import release_shared_pages
 from lightning_gnnpipe.strategy.checks import resolve_evaluation
 from lightning_gnnpipe.strategy.partition_forward import PartitionForward
 from lightning_gnnpipe.strategy.state import sync_stage_tensors
@@ -42,7 +45,12 @@ class GraphParallelEvaluation:
         num_ranks: ``S``, the ranks that share the forward (a pipeline's); ``position``: this rank's, in ``[0, S)``.
         group: Their process group (``None``: the world).
         device: Where the forward runs.
-        autocast: Whether evaluation runs under autocast (``bf16-mixed``): the part's graph then holds edge lists.
+        autocast: Whether evaluation runs under autocast (``bf16-mixed``): the part's graph then holds edge lists, and
+            the logits (cast to ``x``'s dtype) are rounded as on one device, not at the pipeline's stage boundaries
+            (so ``"auto"`` keeps the pipelined forward there).
+        release_features: Let go of the pages of ``x`` after each run when it is in shared memory
+            (:func:`~lightning_gnnpipe.strategy.allocator.release_shared_pages`): on a rank whose training never
+            reads the features (no first stage), which released them after setup too.
 
     Memory: the part's chunk graph, kept for the fit (about ``1 / S`` of a stage's, which holds all ``K`` chunks),
     and while it runs one part's rows (``|V| / S`` plus its halo) per layer.
@@ -55,24 +63,28 @@ class GraphParallelEvaluation:
     """
 
     def __init__(self, blocks: List[nn.Module], plan: ChunkPlan, edge_index: Tensor, x: Tensor, num_ranks: int,
-                 position: int, group, device: torch.device, autocast: bool = False) -> None:
+                 position: int, group, device: torch.device, autocast: bool = False,
+                 release_features: bool = False) -> None:
         self.groups = chunk_groups(plan, num_ranks)
         parts = group_plan(plan, self.groups)  # one chunk per rank: its group, with the group's halo
         graph = build_chunk_graph(parts, edge_index, norm_keys(blocks), device, dtype=x.dtype, chunks=[position],
                                   **chunk_graph_options(blocks, autocast=autocast))
         self.forward = PartitionForward(blocks, graph, PartitionExchange(parts, num_ranks, position, group, None,
                                                                          device), x)
-        self.group, self.num_nodes = group, plan.num_nodes
+        self.group, self.num_nodes, self.dtype = group, plan.num_nodes, x.dtype
+        self.release_features = release_features
 
     @staticmethod
     def build(evaluation: str, graph_parallel_size: int, blocks: List[nn.Module], plan: ChunkPlan, edge_index: Tensor,
               x: Tensor, num_ranks: int, position: int, group, device: torch.device,
-              autocast: bool = False) -> Optional["GraphParallelEvaluation"]:
+              autocast: bool = False, release_features: bool = False) -> Optional["GraphParallelEvaluation"]:
         """One if the strategy's ``evaluation`` resolves to ``"graph_parallel"`` with ``G = graph_parallel_size``
         (:func:`~lightning_gnnpipe.strategy.checks.resolve_evaluation`), else ``None``; the rest as the class's."""
-        if resolve_evaluation(evaluation, graph_parallel_size, plan.num_chunks, num_ranks) != "graph_parallel":
+        mode = resolve_evaluation(evaluation, graph_parallel_size, plan.num_chunks, num_ranks, autocast)
+        if mode != "graph_parallel":
             return None
-        return GraphParallelEvaluation(blocks, plan, edge_index, x, num_ranks, position, group, device, autocast)
+        return GraphParallelEvaluation(blocks, plan, edge_index, x, num_ranks, position, group, device, autocast,
+                                       release_features)
 
     @torch.no_grad()
     def __call__(self, module: nn.Module, owners: Dict[int, int], epoch: int = 0) -> Tensor:
@@ -84,10 +96,12 @@ class GraphParallelEvaluation:
             epoch: Keys :class:`~lightning_gnnpipe.nn.NodeDropout`'s masks.
         """
         sync_stage_tensors(module, owners, group=self.group)
-        out = self.forward(epoch)
+        out = self.forward(epoch).to(self.dtype)
         full = out.new_zeros(self.num_nodes, out.size(1))
         full[self.forward.graph.nodes[self.forward.part]] = out
         dist.all_reduce(full, group=self.group)
+        if self.release_features:
+            release_shared_pages([self.forward.runner.x])
         return full
 
     def nbytes(self) -> int:
