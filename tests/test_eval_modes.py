@@ -151,7 +151,7 @@ EVAL_MODELS = {  # the sparse path, x0 beside h, the edge-list path, node-wise b
     "gcnii": lambda: GCNII(16, 32, 4, num_layers=4, dropout=0.0),
     "gat": lambda: GAT(16, 8, 4, 4, heads=2),
     "resgcn": lambda: ResGCN(16, 32, 2, 4),
-    # stages built with other chunk graphs (sparse GCN, then edge-list GAT): the split forward builds its own
+    # stages built with other chunk graphs (sparse GCN, then edge-list GAT) than the whole model needs
     "gcn_then_gat": lambda: BlockStack([GCNConv(16, 32), NodeWise(nn.ReLU()), GATConv(32, 4)]),
 }
 
