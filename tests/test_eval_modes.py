@@ -20,17 +20,19 @@ from torch import nn
 from torch_geometric.nn import GATConv, GCNConv
 from torch_geometric.nn.models import GAT, GCN
 
-from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy
+from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy, find_layer_stack
+from lightning_gnnpipe.data.chunk import ChunkPlan
 from lightning_gnnpipe.nn.gcnii import GCNII
 from lightning_gnnpipe.nn.stack import BlockStack, NodeWise
 from lightning_gnnpipe.strategy.checks import resolve_evaluation
+from lightning_gnnpipe.strategy.graph_parallel_eval import AUTO_MAX_BYTES_RATIO, exchange_bytes_ratio
 from tests.helpers import GCNModule, GNNModule, ResGCN, sbm_graph
 from tests.reference import chunked_reference
 from tests.scenarios import fit_rank
 from tests.world import run_world, values
 
 MODES = {  # processes, strategy, its options, the DataModule's options
-    "gnnpipe": (2, GNNPipeStrategy, {}, {"num_chunks": 4}),  # evaluation "auto": "graph_parallel"
+    "gnnpipe": (2, GNNPipeStrategy, {"evaluation": "graph_parallel"}, {"num_chunks": 4}),
     "gnnpipe_pipelined_eval": (2, GNNPipeStrategy, {"evaluation": "pipeline"}, {"num_chunks": 4}),
     "graph_parallel": (2, GraphParallelStrategy, {}, {"num_chunks": 2}),
     "hybrid": (4, GNNPipeStrategy, {"graph_parallel_size": 2}, {"num_chunks": 4, "num_parts": 2}),
@@ -190,3 +192,19 @@ def test_graph_parallel_evaluation_is_refused_where_it_cannot_run(graph):
     assert resolve_evaluation("auto", 1, 1, 2) == "pipeline" and resolve_evaluation("auto", 1, 4, 2) == \
         "graph_parallel" and resolve_evaluation("auto", 2, 8, 2) == "pipeline"
     assert resolve_evaluation("auto", 1, 4, 2, autocast=True) == "pipeline"  # bf16-mixed rounds at stage boundaries
+
+
+def test_auto_evaluation_weighs_the_bytes_of_both_ways():
+    """A path of 8 nodes in chunks {0..3} and {4..7}, 2 stages of 2 layers each: each group's halo is one node."""
+    plan = ChunkPlan(torch.tensor([0] * 4 + [1] * 4), [torch.arange(4), torch.arange(4, 8)],
+                     [torch.tensor([4]), torch.tensor([3])], 0.0)
+    gcn = [GCNConv(16, 16) for _ in range(4)]
+    # graph-parallel: 2 halo rows x 16 wide before layers 1, 2, 3 = 96; pipelined: 8 rows x 16 at one boundary = 128
+    assert exchange_bytes_ratio(gcn, plan, 2, [16] * 5, [[0, 1], [2, 3]]) == 96 / 128
+    # with x0 beside h (GCNII) the boundary carries 8 x 16 more; a node-wise head adds no exchange
+    gcnii = list(find_layer_stack(GCNII(16, 16, 4, num_layers=3, dropout=0.0)).blocks)  # input, 3 layers, output
+    assert exchange_bytes_ratio(gcnii, plan, 2, [16] * 5 + [4], [[0, 1, 2], [3, 4]]) == (2 * 16 * 3) / (8 * 32)
+    # every node in the other group's halo, 8 layers: 8 x 16 x 7 over 8 x 16 -> 7 > AUTO_MAX_BYTES_RATIO
+    dense = ChunkPlan(plan.part, plan.nodes, [torch.arange(4, 8), torch.arange(4)], 0.0)
+    assert exchange_bytes_ratio([GCNConv(16, 16) for _ in range(8)], dense, 2, [16] * 9,
+                                [[0, 1, 2, 3], [4, 5, 6, 7]]) == 7.0 > AUTO_MAX_BYTES_RATIO

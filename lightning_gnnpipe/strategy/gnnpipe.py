@@ -93,8 +93,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             convs), more for PyG layers on the sparse path (docs/results/scale.md). GPipe keeps every chunk's
             activations until the backward; 1F1B at most about ``S`` chunks' (the schedule that keeps least).
         evaluation: The exact forward of evaluation: ``"graph_parallel"`` (``"auto"`` when ``G = 1``, ``K >= S``, no
-            ``bf16-mixed``): all ranks at once, a group of chunks each, halo rows exchanged per layer
-            (``strategy/graph_parallel_eval.py``); ``"pipeline"``: stage after stage, ``|V| x d`` per boundary.
+            ``bf16-mixed`` and at most 2x the bytes): all ranks at once, a group of chunks each, halo rows exchanged
+            per layer (``strategy/graph_parallel_eval.py``); ``"pipeline"``: stage after stage, ``|V| x d`` each.
         **kwargs: ``timeout``, ``exchange_timeout``, ``start_method``, ``process_group_backend``, ``profile_epoch``,
             ``trace_dir``, ``heap_mmap_threshold``, ``huge_pages``: see :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`.
 
@@ -213,7 +213,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         self._evaluation = GraphParallelEvaluation.build(  # None: evaluation="pipeline"
             self.evaluation, self.graph_parallel_size, stack.blocks, plan, data.edge_index, x, topo.num_stages,
             self.stage_index, self._pp_group, self.root_device, (self._boundary_dtype or x.dtype) != x.dtype,
-            release_features=not any(stage.is_first for stage in runtime.stages))
+            not any(stage.is_first for stage in runtime.stages), self._dims, virtual)
         check_stage_widths(runtime.widths, self._pp_group)
         self._history = HistoryLifecycle(runtime.stages, runtime.full_forward, self.refresh_every,
                                          self.log_staleness, trainer.datamodule.stale_read_stats())

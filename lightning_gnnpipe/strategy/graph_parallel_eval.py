@@ -24,16 +24,41 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from lightning_gnnpipe.comm.halo_rows import chunk_groups, group_plan
+from lightning_gnnpipe.comm.halo_rows import chunk_groups, group_halos, group_plan
 from lightning_gnnpipe.comm.partitions import PartitionExchange
 from lightning_gnnpipe.data.chunk import ChunkPlan
 from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
 from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
 from lightning_gnnpipe.nn.gcn_norm import norm_keys
+from lightning_gnnpipe.nn.stack import takes_x0, uses_graph
 from lightning_gnnpipe.strategy.allocator import release_shared_pages
 from lightning_gnnpipe.strategy.checks import resolve_evaluation
 from lightning_gnnpipe.strategy.partition_forward import PartitionForward
 from lightning_gnnpipe.strategy.state import sync_stage_tensors
+
+
+AUTO_MAX_BYTES_RATIO = 2.0
+"""``evaluation="auto"`` evaluates the graph-parallel way only if it sends at most this many times the pipelined
+forward's bytes (:func:`exchange_bytes_ratio`): it halves each rank's compute, so it pays where compute weighs about
+as much as the link. On the 300k-node graph of ``docs/results/time_to_accuracy.md`` (ratio 1.42) it took 0.43x the
+pipelined evaluation's time on the free link (GCNII-16) and 1.03x and 1.11x at the 100 and 10 Gbit/s rates; where
+nearly every node is in another group's halo the ratio is several times larger and the link decides."""
+
+
+def exchange_bytes_ratio(blocks: List[nn.Module], plan: ChunkPlan, num_ranks: int, dims: List[int],
+                         stage_layers: List[List[int]]) -> float:
+    """Rows x widths the graph-parallel evaluation exchanges, over those the pipelined forward sends (unitless).
+
+    Graph-parallel: every group's halo rows (:func:`~lightning_gnnpipe.comm.halo_rows.group_halos` of
+    :func:`~lightning_gnnpipe.comm.halo_rows.chunk_groups`) before each message-passing layer ``l >= 1`` (layer 0
+    reads the features locally), ``H x sum(d_l)``. Pipelined: ``|V|`` rows of the input width of every virtual stage
+    but the first, plus ``x0``'s width where a later block takes it (GCNII). Weights and logits are left out.
+    """
+    halo = sum(int(h.numel()) for h in group_halos(plan, chunk_groups(plan, num_ranks)))
+    split = halo * sum(dims[j] for j, b in enumerate(blocks) if j >= 1 and uses_graph(b))
+    x0 = dims[1] if any(takes_x0(b) for b in blocks) else 0
+    piped = plan.num_nodes * sum(dims[layers[0]] + (x0 if layers[0] > 1 else 0) for layers in stage_layers[1:])
+    return split / max(piped, 1)
 
 
 class GraphParallelEvaluation:
@@ -76,12 +101,18 @@ class GraphParallelEvaluation:
 
     @staticmethod
     def build(evaluation: str, graph_parallel_size: int, blocks: List[nn.Module], plan: ChunkPlan, edge_index: Tensor,
-              x: Tensor, num_ranks: int, position: int, group, device: torch.device,
-              autocast: bool = False, release_features: bool = False) -> Optional["GraphParallelEvaluation"]:
+              x: Tensor, num_ranks: int, position: int, group, device: torch.device, autocast: bool = False,
+              release_features: bool = False, dims: Optional[List[int]] = None,
+              stage_layers: Optional[List[List[int]]] = None) -> Optional["GraphParallelEvaluation"]:
         """One if the strategy's ``evaluation`` resolves to ``"graph_parallel"`` with ``G = graph_parallel_size``
-        (:func:`~lightning_gnnpipe.strategy.checks.resolve_evaluation`), else ``None``; the rest as the class's."""
+        (:func:`~lightning_gnnpipe.strategy.checks.resolve_evaluation`), else ``None``; the rest as the class's.
+
+        ``"auto"`` also needs :func:`exchange_bytes_ratio` of at most :data:`AUTO_MAX_BYTES_RATIO` (``dims``: the
+        width entering each layer; ``stage_layers``: the layers of every virtual stage)."""
         mode = resolve_evaluation(evaluation, graph_parallel_size, plan.num_chunks, num_ranks, autocast)
-        if mode != "graph_parallel":
+        if mode != "graph_parallel" or (evaluation == "auto" and dims is not None and stage_layers is not None and
+                                        exchange_bytes_ratio(blocks, plan, num_ranks, dims, stage_layers)
+                                        > AUTO_MAX_BYTES_RATIO):
             return None
         return GraphParallelEvaluation(blocks, plan, edge_index, x, num_ranks, position, group, device, autocast,
                                        release_features)
