@@ -356,7 +356,39 @@ def time_split(summary: List[dict]) -> List[str]:
     return lines
 
 
-def write_page(records: List[dict], path: Path, planner: Optional[Dict[tuple, dict]] = None) -> None:
+def spread_lines(records: List[dict]) -> List[str]:
+    """The section on the graph whose long-range edges touch every node (the ``spread`` part), from its records."""
+    rows = {}
+    for rec in records:
+        if ok(rec):
+            s = rec["spec"]
+            rows[(s["mode"], s.get("strategy", {}).get("evaluation"))] = rec
+    auto, split, gp = (rows.get(k) for k in (("gnnpipe", "pipeline"), ("gnnpipe", "graph_parallel"),
+                                             ("graph_parallel", None)))
+    if not (auto and gp):
+        return []
+
+    def epoch(rec: dict) -> float:
+        return timed(rec, "train_s") + timed(rec, "val_s")
+
+    lines = ["## A graph whose long-range edges touch every node", "",
+             "The same generator with `connectors=1.0` (`python -m benchmarks.time_to_accuracy.bench --only spread`): "
+             "every node draws its share of the long-range edges, so METIS cuts as many edges as on the page's graph "
+             "but most nodes are the other partition's halo, as in graphs whose hubs are everywhere. GCNII-16, 300k "
+             "nodes, the 100 Gbit/s rate, second of 2 epochs, alone on the machine; its accuracy is not measured.", "",
+             "| mode | train s | validation s | epoch s | GiB sent / training step |", "|---|---|---|---|---|"]
+    for label, rec in (("`GNNPipeStrategy()` (`evaluation=\"auto\"` picks `\"pipeline\"` here)", auto),
+                       ("`GNNPipeStrategy(evaluation=\"graph_parallel\")`", split), ("`GraphParallelStrategy()`", gp)):
+        if rec is not None:
+            lines.append(f"| {label} | {timed(rec, 'train_s'):.1f} | {timed(rec, 'val_s'):.1f} | {epoch(rec):.1f} | "
+                         f"{timed(rec, 'sent_bytes') / GIB:.2f} |")
+    lines += ["", f"Graph parallelism's epoch is {epoch(gp) / epoch(auto):.2f}x GNNPipe's and it sends "
+                  f"{timed(gp, 'sent_bytes') / timed(auto, 'sent_bytes'):.2f}x the bytes (targets 1.58x and 5x)."]
+    return lines
+
+
+def write_page(records: List[dict], path: Path, planner: Optional[Dict[tuple, dict]] = None,
+               spread: Optional[List[dict]] = None) -> None:
     from benchmarks.time_to_accuracy.rates import GPU_LINKS_GBIT, HBM_BYTES_PER_S, HBM_EFFICIENCY, derived_rates
 
     rates = derived_rates(records)
@@ -364,9 +396,15 @@ def write_page(records: List[dict], path: Path, planner: Optional[Dict[tuple, di
     link_lines, summary = link_table(records, derived, rates, planner or {})
     out = ["# Time to accuracy on learnable 300k- and 1M-node graphs, over an emulated cluster link", ""]
     out += answer(derived, summary, rates)
+    spread_section = spread_lines(spread or [])
+    if spread_section:  # its last line is the comparison
+        out += ["", "On the same graph with its long-range edges spread over every node, at the 100 Gbit/s rate "
+                    "(GCNII-16, [below](#a-graph-whose-long-range-edges-touch-every-node)): "
+                    + spread_section[-1][0].lower() + spread_section[-1][1:], ""]
     out += ["## Setup", "", *SETUP, ""]
     out += ["## Over a link", "", *link_lines, ""]
     out += ["### Where the time goes", "", *time_split(summary), "", *FINDINGS, ""]
+    out += [*spread_section, ""] if spread_section else []
     out += ["## Accuracy and time to it, free link", "", *accuracy_summary(derived), "", *acc_lines, ""]
     out += ["## Rates", "", *rate_lines(rates, GPU_LINKS_GBIT, HBM_BYTES_PER_S, HBM_EFFICIENCY), ""]
     path.write_text("\n".join(out))
