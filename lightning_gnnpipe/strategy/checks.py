@@ -37,7 +37,8 @@ def resolve_evaluation(evaluation: str, graph_parallel_size: int, num_chunks: in
                        autocast: bool = False) -> str:
     """The exact forward evaluation runs: ``"auto"`` is ``"graph_parallel"`` when there is one partition and at least
     one chunk per stage rank (``G = 1``, ``K >= S``) and no autocast (``bf16-mixed`` rounds the pipelined forward's
-    rows at every stage boundary, which the graph-parallel forward has not), else ``"pipeline"``.
+    rows at every stage boundary, which the graph-parallel forward has not), else ``"pipeline"``. At setup
+    :meth:`~lightning_gnnpipe.strategy.graph_parallel_eval.GraphParallelEvaluation.build` also weighs the bytes.
 
     Raises:
         ValueError: ``"graph_parallel"`` named with fewer chunks than stages (a rank would have none).

@@ -7,6 +7,7 @@ history refreshes: :class:`~lightning_gnnpipe.history.lifecycle.HistoryLifecycle
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -145,7 +146,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         self._pp_group: Any = None  # this rank's pipeline (S ranks); None = world
         self._gp_group: Any = None  # this rank's stage group (G ranks); None without hybrid
         self._runtime: Optional[PipelineRuntime] = None
-        self._evaluation: Optional[GraphParallelEvaluation] = None  # evaluation="graph_parallel"'s forward
+        self._evaluation: Any = None  # the graph-parallel evaluation: its builder until the first evaluation
         self._history: Optional[HistoryLifecycle] = None
         self._resume_state: Optional[Dict[str, Any]] = None
         self._owners: Dict[int, int] = {}
@@ -210,10 +211,9 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             stack.blocks, virtual, self._dims, plan, data.edge_index, x, layout, self.root_device, self.comm_stats,
             self.history_momentum, self.halo_gradients, self._boundary_dtype, self.activation_checkpointing,
             self.history_dtype, self.host_threads())
-        self._evaluation = GraphParallelEvaluation.build(  # None: evaluation="pipeline"
+        self._evaluation = partial(GraphParallelEvaluation.build,  # built at the first evaluation, if any
             self.evaluation, self.graph_parallel_size, stack.blocks, plan, data.edge_index, x, topo.num_stages,
-            self.stage_index, self._pp_group, self.root_device, (self._boundary_dtype or x.dtype) != x.dtype,
-            not any(stage.is_first for stage in runtime.stages), self._dims, virtual)
+            self.stage_index, self._pp_group, self.root_device, runtime.boundary_dtype != x.dtype, self._dims, virtual)
         check_stage_widths(runtime.widths, self._pp_group)
         self._history = HistoryLifecycle(runtime.stages, runtime.full_forward, self.refresh_every,
                                          self.log_staleness, trainer.datamodule.stale_read_stats())
@@ -276,13 +276,13 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         return self._end_step(output)
 
     def full_logits(self) -> Tensor:
-        run, split = self._runtime, self._evaluation
-        assert run is not None
-        return run.full_forward() if split is None else split(self.lightning_module, self._owners, run.stages[0].epoch)
+        split = self._evaluation = self._evaluation() if isinstance(self._evaluation, partial) else self._evaluation
+        return self._runtime.full_forward() if split is None else split(  # None: evaluation="pipeline"
+            self.lightning_module, self._owners, self._runtime.stages[0].epoch)
 
     def kept_bytes(self) -> Tuple[int, int]:  # (history tables, chunk graphs) of this rank's stages, in bytes
         tables, graphs = self._runtime.kept_bytes() if self._runtime is not None else (0, 0)
-        return tables, graphs + (self._evaluation.nbytes() if self._evaluation is not None else 0)
+        return tables, graphs + getattr(self._evaluation, "nbytes", lambda: 0)()  # once the evaluation is built
 
     def rank_location(self) -> str:
         """This rank's place, named in error notes: ``"rank r (stage s of S[, partition g of G][, layers [...]])"``."""

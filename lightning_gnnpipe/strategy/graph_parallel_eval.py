@@ -102,20 +102,21 @@ class GraphParallelEvaluation:
     @staticmethod
     def build(evaluation: str, graph_parallel_size: int, blocks: List[nn.Module], plan: ChunkPlan, edge_index: Tensor,
               x: Tensor, num_ranks: int, position: int, group, device: torch.device, autocast: bool = False,
-              release_features: bool = False, dims: Optional[List[int]] = None,
+              dims: Optional[List[int]] = None,
               stage_layers: Optional[List[List[int]]] = None) -> Optional["GraphParallelEvaluation"]:
         """One if the strategy's ``evaluation`` resolves to ``"graph_parallel"`` with ``G = graph_parallel_size``
         (:func:`~lightning_gnnpipe.strategy.checks.resolve_evaluation`), else ``None``; the rest as the class's.
 
         ``"auto"`` also needs :func:`exchange_bytes_ratio` of at most :data:`AUTO_MAX_BYTES_RATIO` (``dims``: the
-        width entering each layer; ``stage_layers``: the layers of every virtual stage)."""
+        width entering each layer; ``stage_layers``: the layers of every virtual stage). Every position but 0, which
+        runs the first stage, lets go of the features' pages after each run (``release_features``)."""
         mode = resolve_evaluation(evaluation, graph_parallel_size, plan.num_chunks, num_ranks, autocast)
         if mode != "graph_parallel" or (evaluation == "auto" and dims is not None and stage_layers is not None and
                                         exchange_bytes_ratio(blocks, plan, num_ranks, dims, stage_layers)
                                         > AUTO_MAX_BYTES_RATIO):
             return None
         return GraphParallelEvaluation(blocks, plan, edge_index, x, num_ranks, position, group, device, autocast,
-                                       release_features)
+                                       release_features=position != 0)
 
     @torch.no_grad()
     def __call__(self, module: nn.Module, owners: Dict[int, int], epoch: int = 0) -> Tensor:
