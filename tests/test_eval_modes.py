@@ -208,3 +208,52 @@ def test_auto_evaluation_weighs_the_bytes_of_both_ways():
     dense = ChunkPlan(plan.part, plan.nodes, [torch.arange(4, 8), torch.arange(4)], 0.0)
     assert exchange_bytes_ratio([GCNConv(16, 16) for _ in range(8)], dense, 2, [16] * 9,
                                 [[0, 1, 2, 3], [4, 5, 6, 7]]) == 7.0 > AUTO_MAX_BYTES_RATIO
+
+
+class DtypeGCN(EvalGNN):
+    """``EvalGNN`` that also logs, per validation, whether its logits came in float32 (a ``Linear`` head under
+    autocast computes bfloat16)."""
+
+    def validation_step(self, batch, batch_idx):
+        out = self(batch.x, batch.edge_index)
+        self.log("logits_float32", float(out.dtype == torch.float32), batch_size=1)
+        for name, value in val_metrics(out.float(), batch).items():
+            self.log(name, value, batch_size=1)
+
+
+def bf16_job(dm, evaluation):
+    torch.manual_seed(0)
+    head = BlockStack([GCNConv(16, 32), NodeWise(nn.ReLU()), GCNConv(32, 32), NodeWise(nn.Linear(32, 4))])
+    out = fit_rank(DtypeGCN(head), dm, 2, 2, strategy_kwargs={"evaluation": evaluation},
+                   precision="bf16-mixed")
+    return [(float(m["val_loss"]), float(m["logits_float32"])) for m in out["metrics"]]
+
+
+def test_graph_parallel_evaluation_named_under_bf16_mixed(graph):
+    """Named explicitly under ``bf16-mixed`` (``"auto"`` would keep the pipelined forward): the logits come in the
+    features' dtype, as the pipelined forward's do, and the metrics are the pipelined forward's (measured: equal)."""
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+    split = values(run_world(2, bf16_job, dm, "graph_parallel"))
+    pipelined = values(run_world(2, bf16_job, dm, "pipeline"))
+    assert all(flag == 1.0 for r in split + pipelined for _, flag in r)
+    assert all(max(abs(a[0] - b[0]) for a, b in zip(r, pipelined[0])) <= 1e-5 for r in split), (split, pipelined)
+
+
+def release_job(dm):
+    """Fit 3 epochs with validation; record every release of the features' pages by the graph-parallel evaluation."""
+    from lightning_gnnpipe.strategy import graph_parallel_eval
+
+    released = []
+    graph_parallel_eval.release_shared_pages = lambda tensors: released.extend(
+        t.data_ptr() == dm.data.x.data_ptr() for t in tensors)
+    out = fit_rank(EvalGCN(16, 32, 4, 4), dm, 2, 3, strategy_kwargs={"evaluation": "graph_parallel"})
+    return released, len(out["metrics"])
+
+
+def test_graph_parallel_evaluation_releases_the_features_off_the_first_stage(graph):
+    """The rank without the first stage reads the features only to evaluate; it lets go of their pages after each
+    evaluation (in shared memory, as spawned ranks hold them, that shrinks its resident set), the other rank never."""
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+    (first, epochs0), (second, epochs1) = values(run_world(2, release_job, dm))
+    assert epochs0 == epochs1 == 3
+    assert first == [] and second == [True] * 3, (first, second)

@@ -164,7 +164,8 @@ def test_one_partition_exchange_does_nothing_and_a_wrong_one_is_refused():
     assert two.chunks(4) == [0, 2] and two.graph_chunks(4) == [0, 2]
     with pytest.raises(RuntimeError, match="chunk 1 is not one of partition 0's"):
         two.halo_into(torch.zeros(1, 2), 1, torch.tensor([0]), torch.zeros(1, 2))
+    assert two._halo_plan is None  # built at its first use: graph parallelism never needs it
     # the exact forward's exchange: partition 0 receives exactly its halo, in the order partition 1 sends it
-    received, sent_by_1 = two._halo_plan.recv_ids, PartitionExchange(plan, 2, 1)._halo_plan.send_ids
+    received, sent_by_1 = two._halo_rows().recv_ids, PartitionExchange(plan, 2, 1)._halo_rows().send_ids
     assert torch.equal(received.sort().values, partition_halos(plan, 2)[0]) and torch.equal(received, sent_by_1)
-    assert two._halo_plan.recv_counts == [0, received.numel()] and 0 < received.numel() < 40
+    assert two._halo_rows().recv_counts == [0, received.numel()] and 0 < received.numel() < 40

@@ -2,8 +2,9 @@
 
 ``SPEC`` is a JSON object: ``graph`` (the fields of :class:`~benchmarks.time_to_accuracy.graph.GraphSpec`), ``model``
 (:data:`~benchmarks.time_to_accuracy.models.MODELS`), ``mode``, ``epochs``, ``seed`` (of the weights), ``validate``
-(validation every epoch, default true), ``chunks`` (K of the GNNPipe modes, default 8) and ``strategy`` (more
-keyword arguments of the strategy). Modes:
+(validation every epoch, default true), ``chunks`` (K of the GNNPipe modes, default 8), ``lr`` (Adam's learning rate,
+default the model's :data:`~benchmarks.time_to_accuracy.models.LEARNING_RATE`) and ``strategy`` (more keyword
+arguments of the strategy). Modes:
 
 * ``exact``: one process, 2 threads (``threads``), a plain PyTorch loop on a CSR adjacency (the best single-process
   baseline; GCNII's normalisation baked into the values); ``mlp`` the same loop without the graph;
@@ -108,7 +109,7 @@ def run_plain(spec: dict, data) -> List[dict]:
     else:
         graph = to_torch_csr_tensor(data.edge_index.flip(0), size=(n, n))
     run = (lambda: model(data.x)) if graph is None else (lambda: model(data.x, graph))
-    opt = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE[name])
+    opt = torch.optim.Adam(model.parameters(), lr=spec.get("lr", LEARNING_RATE[name]))
     rows = []
     for _ in range(spec["epochs"]):
         t0 = time.perf_counter()
@@ -142,7 +143,7 @@ def run_trainer(spec: dict, data, run_dir: Path) -> List[dict]:
     else:
         raise ValueError(f"time_to_accuracy: unknown mode {mode!r}.")
     module = Classifier(build_model(spec["model"], data.num_features, int(data.y.max()) + 1, spec["seed"]),
-                        LEARNING_RATE[spec["model"]])
+                        spec.get("lr", LEARNING_RATE[spec["model"]]))
     trainer = Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=spec["epochs"], logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       num_sanity_val_steps=0, limit_val_batches=1 if spec.get("validate", True) else 0,

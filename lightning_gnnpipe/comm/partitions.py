@@ -61,13 +61,22 @@ class PartitionExchange:
             raise ValueError(f"PartitionExchange: {num_parts} partitions need the chunk plan (got plan=None).")
         self.size, self.index, self.group, self.stats = num_parts, part, group, stats
         self.plans: List[Optional[SlotPlan]] = []
-        self._halo_plan: Optional[HaloRows] = None  # the exact forward's exchange (whole partitions)
+        self._halo_plan: Optional[HaloRows] = None  # the exact forward's exchange (whole partitions), built at first use
+        self._halo_inputs: Optional[tuple] = None
         if plan is not None and num_parts > 1:
             halos = partition_halos(plan, num_parts)
             self.plans = [p.to(device) if p is not None and device is not None else p
                           for p in build_slot_plans(plan, num_parts, part, halos)]
-            self._halo_plan = HaloRows.build(plan, [self.chunks_of(q, plan.num_chunks) for q in range(num_parts)],
-                                             part, device, halos)
+            self._halo_inputs = (plan, halos, device)
+
+    def _halo_rows(self) -> Optional[HaloRows]:
+        """The exact forward's exchange plan, built at its first use (graph parallelism's training never needs it)."""
+        if self._halo_plan is None and self._halo_inputs is not None:
+            plan, halos, device = self._halo_inputs
+            self._halo_plan = HaloRows.build(plan, [self.chunks_of(q, plan.num_chunks) for q in range(self.size)],
+                                             self.index, device, halos)
+            self._halo_inputs = None
+        return self._halo_plan
 
     def chunks(self, num_chunks: int) -> List[int]:
         """The chunks this partition runs, in slot order: ``g, g + G, ...`` of ``K``."""
@@ -157,12 +166,14 @@ class PartitionExchange:
         The next layer of this partition's chunks then reads exact rows only; rows outside the partition and its halo
         are never read. Bytes: ``H_g x d`` received per layer, against the ``2 (G-1)/G |V| x d`` of summing ``out``.
         """
-        return out if self._halo_plan is None else self._halo_plan.share(out, self.group)
+        plan = self._halo_rows()
+        return out if plan is None else plan.share(out, self.group)
 
     def gather_rows(self, out: Tensor) -> Tensor:
         """The whole graph's result ``(|V|, d)`` on every rank of the stage from each partition's own rows of ``out``
         (other rows ignored): one all-reduce of ``|V| x d`` (``G = 1``: ``out`` as it is)."""
-        return out if self._halo_plan is None else self._halo_plan.gather(out, self.group)
+        plan = self._halo_rows()
+        return out if plan is None else plan.gather(out, self.group)
 
     def sum_grads(self, params: Iterable[nn.Parameter]) -> None:
         """Sum the gradients of the replicas' parameters over the ``G`` ranks (one flat all-reduce; ``G = 1``: no-op)."""

@@ -30,16 +30,24 @@ def tensor_owners(blocks: List[nn.Module], layers_per_stage: List[List[int]]) ->
 
 @torch.no_grad()
 def sync_stage_tensors(module: nn.Module, owners: Dict[int, int], group=None) -> None:
-    """Overwrite, on every rank, each owned parameter and buffer with its owner's values."""
-    seen = set()
+    """Overwrite, on every rank, each owned parameter and buffer with its owner's values: one broadcast per owner and
+    dtype (the tensors flattened into one), in the same order on every rank."""
+    seen, batches = set(), {}
     for _, t in sorted(
         list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False)),
         key=lambda kv: kv[0],
     ):
         if id(t) in owners and id(t) not in seen:
             seen.add(id(t))
-            src = dist.get_global_rank(group, owners[id(t)]) if group is not None else owners[id(t)]
-            dist.broadcast(t.data, src=src, group=group)
+            batches.setdefault((owners[id(t)], str(t.dtype), str(t.device)), []).append(t.data)
+    me = dist.get_rank(group) if group is not None else dist.get_rank()
+    for (owner, _, _), tensors in sorted(batches.items(), key=lambda kv: kv[0]):
+        src = dist.get_global_rank(group, owner) if group is not None else owner
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        dist.broadcast(flat, src=src, group=group)
+        if me != owner:
+            for t, v in zip(tensors, flat.split([t.numel() for t in tensors])):
+                t.copy_(v.view_as(t))
 
 
 def merged_optimizer_state(optimizer: Optimizer, owners: Dict[int, int], rank: int, group=None) -> Dict[str, Any]:
