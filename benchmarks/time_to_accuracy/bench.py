@@ -131,14 +131,24 @@ SPREAD = GraphSpec(num_nodes=SMALL, connectors=1.0)
 
 
 def spread_specs(records: List[dict]) -> List[dict]:
-    """GCNII-16 on :data:`SPREAD` at the 100 Gbit/s rate (2 epochs): GNNPipe with each evaluation (``"auto"`` picks
-    ``"pipeline"`` there) and graph parallelism."""
+    """On :data:`SPREAD` (the long-range edges spread over every node), as on the page's graph: 2 epochs of GNNPipe's
+    defaults and graph parallelism with GCNII-16 on the free link and at the 100 and 400 Gbit/s rates, with residual
+    GraphSAGE-8 on the free link and at 100 Gbit/s, GNNPipe with ``evaluation="graph_parallel"`` named at 100 Gbit/s
+    (``"auto"`` picks ``"pipeline"`` there); then :data:`EPOCHS` epochs on the free link for accuracy: the MLP, and
+    exact and GNNPipe with both models. The 10 Gbit/s rate is not run (graph parallelism's epoch there: about 30
+    minutes)."""
     rates = derived_rates(records)
     if 100 not in rates:
         return []
-    out = [spec(SMALL, "gcnii16", "gnnpipe", epochs=2, rate=rates[100]["rate_bits"], strategy={"evaluation": e})
-           for e in ("pipeline", "graph_parallel")]
-    out.append(spec(SMALL, "gcnii16", "graph_parallel", epochs=2, rate=rates[100]["rate_bits"]))
+    r100, r400 = rates[100]["rate_bits"], rates.get(400, {}).get("rate_bits")
+    out = []
+    for model, model_rates in (("gcnii16", (None, r100, r400)), ("ressage8", (None, r100))):
+        for i, rate in enumerate(model_rates):
+            if i == 0 or rate is not None:  # the free link (None) first, then each derived rate there is
+                out += [spec(SMALL, model, m, epochs=2, rate=rate) for m in ("gnnpipe", "graph_parallel")]
+    out.append(spec(SMALL, "gcnii16", "gnnpipe", epochs=2, rate=r100, strategy={"evaluation": "graph_parallel"}))
+    out.append(spec(SMALL, "ressage8", "mlp"))
+    out += [spec(SMALL, model, m) for model in ("ressage8", "gcnii16") for m in ("exact", "gnnpipe")]
     for s in out:
         s["graph"] = SPREAD.as_dict()
     return out
@@ -208,9 +218,9 @@ def run(parts: List[str], force: bool, timeout_s: float, cache: Path = CACHE,
 FREE_LINK_BYTES_PER_S = 2.7e9  # gloo over this machine's loopback (docs/results/performance.md, median)
 
 
-def planner_predictions(records: List[dict]) -> Dict[tuple, dict]:
+def planner_predictions(records: List[dict], graph: Optional[GraphSpec] = None) -> Dict[tuple, dict]:
     """The package planner's training-epoch estimates (GNNPipe with its best K, graph parallelism; 2 processes) and
-    choice for the 300k graph at every rate, given the rate as its bandwidth, ``shared_link=True`` (both ranks and
+    choice for the 300k graph (``graph``: another one of the same size) at every rate, given the rate as its bandwidth, ``shared_link=True`` (both ranks and
     both directions pass the one loopback, shaped or not) and the calibration's seconds per layer (one core, as a rank
     has here) spread evenly over the model's blocks."""
     import functools
@@ -221,7 +231,7 @@ def planner_predictions(records: List[dict]) -> Dict[tuple, dict]:
     from lightning_gnnpipe.nn.stack import infer_dims
     from lightning_gnnpipe.planner.cost import estimate_layouts
 
-    data = community_graph(GraphSpec(num_nodes=SMALL))
+    data = community_graph(graph or GraphSpec(num_nodes=SMALL))
     plan_fn = functools.lru_cache(maxsize=None)(lambda k: build_chunk_plan(data.edge_index, data.num_nodes, k))
     rates = [None] + [r["rate_bits"] for r in derived_rates(records).values()]
     out = {}
@@ -264,7 +274,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     from benchmarks.time_to_accuracy.page import write_page
 
     records = [r for r in load() if on_page_graph(r)]
-    write_page(records, PAGE, planner_predictions(records), [r for r in load() if not on_page_graph(r)])
+    write_page(records, PAGE, planner_predictions(records), [r for r in load() if not on_page_graph(r)],
+               planner_predictions(records, SPREAD))
     print(f"wrote {PAGE}")
 
 

@@ -29,6 +29,7 @@ LABEL = {"exact": "exact, one process, CSR adjacency (2 threads)", "gnnpipe": "`
          "gnnpipe_refresh_every2": "`GNNPipeStrategy(refresh_every=2)`, K = 8 (2 processes)",
          "graph_parallel": "`GraphParallelStrategy()` (2 processes)",
          "hybrid": "hybrid 2 stages x 2 partitions, K = 8 (4 processes)", "mlp": "MLP, one process (no graph)"}
+GRAPHS = {"page": "page's graph", "spread": "spread graph"}  # the spread graph: long-range edges on every node
 SHORT = {"gnnpipe": "GNNPipe", "graph_parallel": "graph parallel", "hybrid": "hybrid 2x2"}
 
 
@@ -179,15 +180,35 @@ def index(records: List[dict]) -> Dict[tuple, dict]:
     return out
 
 
+def model_key(s: dict) -> str:
+    """The model of a spec, with its learning rate when the spec sets one (``gcnii16 (lr 0.005)``)."""
+    return s["model"] + (f" (lr {s['lr']})" if "lr" in s else "")
+
+
+def mode_key(s: dict) -> str:
+    """The mode of a spec with its strategy options and a K other than 8 (``gnnpipe_refresh_every1``,
+    ``gnnpipe_k2``); its label goes into :data:`LABEL` if it has none."""
+    opts = sorted(s.get("strategy", {}).items())
+    key = "_".join([s["mode"], *(k if k == "halo_gradients" else f"{k}{v}" for k, v in opts)]
+                   + ([f"k{s['chunks']}"] if s["mode"] == "gnnpipe" and s["chunks"] != 8 else []))
+    if key not in LABEL:
+        args = ", ".join(f"{k}={v!r}" for k, v in opts)
+        LABEL[key] = f"`GNNPipeStrategy({args})`, K = {s['chunks']} (2 processes)"
+    return key
+
+
+def mode_order(mode: str) -> Tuple[int, str]:
+    """Table order: :data:`MODES`, a tuned GNNPipe run after GNNPipe's defaults."""
+    return (MODES.index(mode), "") if mode in MODES else (MODES.index("gnnpipe"), mode)
+
+
 def accuracy_runs(records: List[dict]) -> Dict[tuple, dict]:
-    """The free-link accuracy runs by ``(nodes, model, mode, seed)``."""
+    """The free-link accuracy runs by ``(nodes, model, mode, seed)`` (:func:`model_key`, :func:`mode_key`)."""
     out = {}
     for rec in records:
         s = rec["spec"]
-        if s["rate_bits"] is None and s["validate"] and s["epochs"] >= 20 and s["chunks"] == 8:
-            mode = "_".join([s["mode"], *(k if k == "halo_gradients" else f"{k}{v}"  # e.g. gnnpipe_refresh_every1
-                                          for k, v in sorted(s.get("strategy", {}).items()))])
-            out[(s["graph"]["num_nodes"], s["model"], mode, s["seed"])] = rec
+        if s["rate_bits"] is None and s["validate"] and s["epochs"] >= 20:
+            out[(s["graph"]["num_nodes"], model_key(s), mode_key(s), s["seed"])] = rec
     return out
 
 
@@ -229,7 +250,7 @@ def accuracy_rows(records: List[dict]) -> Tuple[List[str], Dict[tuple, dict]]:
 
         exact_epochs, _ = to_target(exact, target)
         exact_s = exact_epochs * sum(epoch_seconds(exact, "exact")[:2]) if exact_epochs else None
-        for mode in MODES:
+        for mode in sorted({k[2] for k in runs if k[:2] == (nodes, model) and k[3] == seed}, key=mode_order):
             rec = runs.get((nodes, model, mode, seed))
             if rec is None:
                 continue
@@ -264,7 +285,7 @@ def accuracy_summary(derived: Dict[tuple, dict]) -> List[str]:
     for (nodes, model, mode, seed), d in derived.items():
         groups.setdefault((nodes, model, mode), []).append(d)
         seeds.setdefault((nodes, model, mode), []).append(seed)
-    for (nodes, model, mode) in sorted(groups, key=lambda k: (k[0], k[1], MODES.index(k[2]))):
+    for (nodes, model, mode) in sorted(groups, key=lambda k: (k[0], k[1], mode_order(k[2]))):
         ds = groups[(nodes, model, mode)]
         exact = [derived[(nodes, model, "exact", s)] for s in seeds[(nodes, model, mode)]
                  if (nodes, model, "exact", s) in derived]
@@ -280,8 +301,9 @@ def accuracy_summary(derived: Dict[tuple, dict]) -> List[str]:
 
 
 def link_table(records: List[dict], derived: Dict[tuple, dict], rates: Dict[int, dict],
-               planner: Dict[tuple, dict]) -> Tuple[List[str], List[dict]]:
-    """Per model and rate: epoch (train + validation) of each mode, GP ÷ GNNPipe, time to accuracy, planner."""
+               planner: Dict[tuple, dict], graph: str = "page") -> Tuple[List[str], List[dict]]:
+    """Per model and rate: epoch (train + validation) of each mode, GP ÷ GNNPipe, time to accuracy, planner; the
+    summary rows carry ``graph`` (:data:`GRAPHS`)."""
     by_rate = {None: "free (loopback)"}
     by_rate.update({r["rate_bits"]: f"{r['rate_bits'] / 1e6:,.0f} Mbit/s (= {gbit} Gbit/s between GPUs)"
                     for gbit, r in rates.items()})
@@ -295,7 +317,10 @@ def link_table(records: List[dict], derived: Dict[tuple, dict], rates: Dict[int,
         s = rec["spec"]
         if s["epochs"] <= 3 and s["validate"] and s["graph"]["num_nodes"] == 300_000 and s["chunks"] == 8 \
                 and s["mode"] in SHORT and (s["rate_bits"] is None or s["rate_bits"] in by_rate):
-            (tuned if s.get("strategy") else runs)[(s["model"], s["rate_bits"], s["mode"])] = rec
+            if not s.get("strategy"):
+                runs[(s["model"], s["rate_bits"], s["mode"])] = rec
+            elif s["strategy"] == {"schedule": "gpipe"}:
+                tuned[(s["model"], s["rate_bits"], s["mode"])] = rec
     for model in ("ressage8", "gcnii16"):
         for rate, name in by_rate.items():
             recs = {m: runs.get((model, rate, m)) for m in SHORT}
@@ -329,7 +354,7 @@ def link_table(records: List[dict], derived: Dict[tuple, dict], rates: Dict[int,
                          f"{pipe_acc}{'' if acc_ratio is None else f' ({acc_ratio:.2f}x)'} | "
                          f"{', '.join(gib(sent[m]) for m in SHORT)} | {plan_cell} | "
                          f"{SHORT.get(faster_step, '–')} |")
-            summary.append({"model": model, "rate": rate, "name": name, "epoch": epoch, "ratio": ratio,
+            summary.append({"graph": graph, "model": model, "rate": rate, "name": name, "epoch": epoch, "ratio": ratio,
                             "acc_ratio": acc_ratio, "sent": sent, "plan": plan, "fastest": fastest,
                             "tuned": tuned_s, "split": split, "train": train, "faster_step": faster_step})
     return lines, summary
@@ -356,55 +381,57 @@ def time_split(summary: List[dict]) -> List[str]:
     return lines
 
 
-def spread_lines(records: List[dict]) -> List[str]:
-    """The section on the graph whose long-range edges touch every node (the ``spread`` part), from its records."""
-    rows = {}
-    for rec in records:
-        if ok(rec):
-            s = rec["spec"]
-            rows[(s["mode"], s.get("strategy", {}).get("evaluation"))] = rec
-    auto, split, gp = (rows.get(k) for k in (("gnnpipe", "pipeline"), ("gnnpipe", "graph_parallel"),
-                                             ("graph_parallel", None)))
-    if not (auto and gp):
-        return []
+SPREAD_INTRO = (
+    "The same generator with `connectors=1.0` (`python -m benchmarks.time_to_accuracy.bench --only spread`): every "
+    "node draws its share of the long-range edges instead of a few connector nodes, so METIS cuts as many edges as on "
+    "the page's graph (0.085 at K = 2, 0.154 at K = 8) but most nodes are in the other partition's halo (0.81 |V| "
+    "against 0.19 |V|), as in graphs whose hubs are everywhere. 300k nodes; seconds per epoch are the second of 2 "
+    "epochs alone on the machine, accuracy 30 epochs on the free link, as above. Here `evaluation=\"auto\"` keeps "
+    "the pipelined exact forward (the graph-parallel one would send 6.47x its bytes).")
 
-    def epoch(rec: dict) -> float:
-        return timed(rec, "train_s") + timed(rec, "val_s")
 
-    lines = ["## A graph whose long-range edges touch every node", "",
-             "The same generator with `connectors=1.0` (`python -m benchmarks.time_to_accuracy.bench --only spread`): "
-             "every node draws its share of the long-range edges, so METIS cuts as many edges as on the page's graph "
-             "but most nodes are the other partition's halo, as in graphs whose hubs are everywhere. GCNII-16, 300k "
-             "nodes, the 100 Gbit/s rate, second of 2 epochs, alone on the machine; its accuracy is not measured.", "",
-             "| mode | train s | validation s | epoch s | GiB sent / training step |", "|---|---|---|---|---|"]
-    for label, rec in (("`GNNPipeStrategy()` (`evaluation=\"auto\"` picks `\"pipeline\"` here)", auto),
-                       ("`GNNPipeStrategy(evaluation=\"graph_parallel\")`", split), ("`GraphParallelStrategy()`", gp)):
-        if rec is not None:
-            lines.append(f"| {label} | {timed(rec, 'train_s'):.1f} | {timed(rec, 'val_s'):.1f} | {epoch(rec):.1f} | "
-                         f"{timed(rec, 'sent_bytes') / GIB:.2f} |")
-    lines += ["", f"Graph parallelism's epoch is {epoch(gp) / epoch(auto):.2f}x GNNPipe's and it sends "
-                  f"{timed(gp, 'sent_bytes') / timed(auto, 'sent_bytes'):.2f}x the bytes (targets 1.58x and 5x)."]
-    return lines
+def spread_lines(records: List[dict], rates: Dict[int, dict],
+                 planner: Dict[tuple, dict]) -> Tuple[List[str], List[dict], Dict[tuple, dict]]:
+    """The section on the graph whose long-range edges touch every node (the ``spread`` part): its link table,
+    the graph-parallel evaluation named explicitly, and its accuracy; with the link summary and accuracy figures."""
+    if not any(ok(r) for r in records):
+        return [], [], {}
+    acc_lines, derived = accuracy_rows(records)
+    link_lines, summary = link_table(records, derived, rates, planner, graph="spread")
+    lines = ["## A graph whose long-range edges touch every node", "", SPREAD_INTRO, "", *link_lines, ""]
+    named = [r for r in records if ok(r) and r["spec"].get("strategy") == {"evaluation": "graph_parallel"}]
+    for rec in named:
+        s = rec["spec"]
+        row = next((r for r in summary if r["model"] == s["model"] and r["rate"] == s["rate_bits"]), None)
+        if row and row["split"]["gnnpipe"]:
+            lines += [f"With `evaluation=\"graph_parallel\"` named ({s['model']}, {row['name']}) GNNPipe's "
+                      f"validation takes {timed(rec, 'val_s'):.1f} s against {row['split']['gnnpipe'][1]:.1f} s for "
+                      f"the pipelined one (training {timed(rec, 'train_s'):.1f} s against "
+                      f"{row['split']['gnnpipe'][0]:.1f} s).", ""]
+    if derived:
+        lines += [*accuracy_summary(derived), "", *acc_lines, ""]
+    return lines, summary, derived
 
 
 def write_page(records: List[dict], path: Path, planner: Optional[Dict[tuple, dict]] = None,
-               spread: Optional[List[dict]] = None) -> None:
+               spread: Optional[List[dict]] = None, spread_planner: Optional[Dict[tuple, dict]] = None) -> None:
+    """The page from the records of its own graph, and of the spread graph (``spread``)."""
     from benchmarks.time_to_accuracy.rates import GPU_LINKS_GBIT, HBM_BYTES_PER_S, HBM_EFFICIENCY, derived_rates
 
     rates = derived_rates(records)
     acc_lines, derived = accuracy_rows(records)
     link_lines, summary = link_table(records, derived, rates, planner or {})
+    spread_section, spread_summary, spread_derived = spread_lines(spread or [], rates, spread_planner or {})
     out = ["# Time to accuracy on learnable 300k- and 1M-node graphs, over an emulated cluster link", ""]
-    out += answer(derived, summary, rates)
-    spread_section = spread_lines(spread or [])
-    if spread_section:  # its last line is the comparison
-        out += ["", "On the same graph with its long-range edges spread over every node, at the 100 Gbit/s rate "
-                    "(GCNII-16, [below](#a-graph-whose-long-range-edges-touch-every-node)): "
-                    + spread_section[-1][0].lower() + spread_section[-1][1:], ""]
+    out += answer(derived, summary + spread_summary, rates)
+    spread_acc = accuracy_sentences(spread_derived)
+    if spread_acc:
+        out += ["Accuracy on the spread graph ([below](#a-graph-whose-long-range-edges-touch-every-node)): "
+                + "; ".join(spread_acc) + ".", ""]
     out += ["## Setup", "", *SETUP, ""]
     out += ["## Over a link", "", *link_lines, ""]
     out += ["### Where the time goes", "", *time_split(summary), "", *FINDINGS, ""]
-    out += [*spread_section, ""] if spread_section else []
+    out += spread_section
     out += ["## Accuracy and time to it, free link", "", *accuracy_summary(derived), "", *acc_lines, ""]
     out += ["## Rates", "", *rate_lines(rates, GPU_LINKS_GBIT, HBM_BYTES_PER_S, HBM_EFFICIENCY), ""]
     path.write_text("\n".join(out))
@@ -416,9 +443,9 @@ def answer(derived: Dict[tuple, dict], summary: List[dict], rates: Dict[int, dic
     out = ["**Answer.** Over a link: 300,000-node, 6M-edge community graph, 2 processes on a 2-core CPU; epoch = "
            "training step + exact full-graph validation; link rates stand for GPUs joined by the named link "
            "(derivation at the end). Accuracy below it also at 1M nodes.", "",
-           "| model | link | GNNPipe s / epoch | graph parallel s / epoch | GP ÷ GNNPipe (≥ 1.58 at 100 Gbit/s, 16 layers) "
-           "| bytes GP ÷ GNNPipe (≥ 5) | planner's choice (✓: its training step within 10% of the faster) | measured faster "
-           "epoch |", "|---" * 8 + "|"]
+           "| graph | model | link | GNNPipe s / epoch | graph parallel s / epoch | GP ÷ GNNPipe (≥ 1.58 at 100 Gbit/s, "
+           "16 layers) | bytes GP ÷ GNNPipe (≥ 5) | planner's choice (✓: its training step within 10% of the faster) | "
+           "measured faster epoch |", "|---" * 9 + "|"]
     for row in summary:
         e, sent = row["epoch"], row["sent"]
         if not (e["gnnpipe"] and e["graph_parallel"]):
@@ -428,31 +455,19 @@ def answer(derived: Dict[tuple, dict], summary: List[dict], rates: Dict[int, dic
         train = row["train"]  # the planner estimates the training step: within 10% of the faster one, ✓
         picked = None if row["plan"] is None else train.get(row["plan"]["choice"])
         hit = "" if picked is None else (" ✓" if picked <= 1.1 * train[row["faster_step"]] else " ✗")
-        out.append(f"| {row['model']} | {row['name']} | {e['gnnpipe']:.1f} | {e['graph_parallel']:.1f} | "
+        out.append(f"| {GRAPHS[row['graph']]} | {row['model']} | {row['name']} | {e['gnnpipe']:.1f} | {e['graph_parallel']:.1f} | "
                    f"{row['ratio']:.2f}x | {'–' if ratio is None else f'{ratio:.2f}x'} | {choice}{hit} | "
                    f"{SHORT[row['fastest']]} |")
     out.append("")
-    for model in ("gcnii16", "ressage8"):
-        rows = [r for r in summary if r["model"] == model and r["ratio"]]
+    for graph, model in [(g, m) for g in GRAPHS for m in ("gcnii16", "ressage8")]:
+        rows = [r for r in summary if r["model"] == model and r["graph"] == graph and r["ratio"]]
         wins = [f"{r['name'].split(' (')[0]} ({r['ratio']:.2f}x)" for r in rows if r["ratio"] > 1.0]
         loses = [f"{r['name'].split(' (')[0]} ({r['ratio']:.2f}x)" for r in rows if r["ratio"] <= 1.0]
         if rows:
-            out.append(f"With {model}, GNNPipe's epoch is shorter than graph parallelism's on "
+            out.append(f"With {model} on the {GRAPHS[graph]}, GNNPipe's epoch is shorter than graph parallelism's on "
                        f"{', '.join(wins) or 'no link'}, and not on {', '.join(loses) or 'any other'} (GP ÷ GNNPipe).")
     out.append("")
-    acc = []
-    for (nodes, model, mode, seed), d in sorted(derived.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][3],
-                                                                                 kv[0][2])):
-        exact = derived.get((nodes, model, "exact", seed))
-        if not mode.startswith("gnnpipe") or exact is None:
-            continue
-        gap = (d["test"] - exact["test"]) * 100
-        ratio = "not reached" if d["ratio"] is None else f"in {d['ratio']:.2f}x exact's seconds"
-        name = LABEL[mode].split(", K")[0]
-        acc.append(f"{nodes // 1000:,}k nodes, {model}, seed {seed}, {name}: test accuracy {d['test']:.4f} against exact's {exact['test']:.4f} "
-                   f"({gap:+.2f} points; target within 0.5); 99% of exact's best validation accuracy "
-                   + (f"after {d['epochs']} epochs against {exact['epochs']}, {ratio}" if d["epochs"]
-                      else "never reached") + " (target ≤ 0.7x)")
+    acc = accuracy_sentences(derived)
     mlp = {n: d for (n, m, mode, s), d in derived.items() if mode == "mlp"}
     if acc:
         out.append("Accuracy, free link, 30 epochs: " + "; ".join(acc) + "."
@@ -461,6 +476,25 @@ def answer(derived: Dict[tuple, dict], summary: List[dict], rates: Dict[int, dic
                       + ": the labels need the graph." if mlp else ""))
         out.append("")
     return out
+
+
+def accuracy_sentences(derived: Dict[tuple, dict]) -> List[str]:
+    """Per GNNPipe run: its test accuracy at the best validation epoch and time to 99% against exact's."""
+    acc = []
+    for (nodes, model, mode, seed), d in sorted(derived.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][3],
+                                                                                 mode_order(kv[0][2]))):
+        exact = derived.get((nodes, model, "exact", seed))
+        if not mode.startswith("gnnpipe") or exact is None:
+            continue
+        gap = (d["test"] - exact["test"]) * 100
+        ratio = "not reached" if d["ratio"] is None else f"in {d['ratio']:.2f}x exact's seconds"
+        name = LABEL[mode].replace(" (2 processes)", "").replace(", K = 8", "")
+        acc.append(f"{nodes // 1000:,}k nodes, {model}, seed {seed}, {name}: test accuracy {d['test']:.4f} against "
+                   f"exact's {exact['test']:.4f} ({gap:+.2f} points; target within 0.5); 99% of exact's best "
+                   "validation accuracy "
+                   + (f"after {d['epochs']} epochs against {exact['epochs']}, {ratio}" if d["epochs"]
+                      else "never reached") + " (target ≤ 0.7x)")
+    return acc
 
 
 def rate_lines(rates: Dict[int, dict], links, hbm: float, eff: float) -> List[str]:
