@@ -14,7 +14,7 @@ No dropout anywhere: every mode then computes the same function of the weights.
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -52,12 +52,22 @@ def accuracies(out: torch.Tensor, batch) -> Tuple[torch.Tensor, torch.Tensor]:
     return tuple((pred[m] == batch.y[m]).float().mean() for m in (batch.val_mask, batch.test_mask))
 
 
+def lr_scheduler(opt: torch.optim.Optimizer, schedule: Optional[str], epochs: int):
+    """``schedule`` for ``opt``, stepped once per epoch: ``"cosine"`` anneals to 0 over ``epochs``; ``None``: constant
+    (returns ``None``)."""
+    if schedule == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
+    if schedule is not None:
+        raise ValueError(f"time_to_accuracy: unknown lr_schedule {schedule!r}. Use 'cosine' or none.")
+    return None
+
+
 class Classifier(LightningModule):
     """An ordinary PyG LightningModule: cross-entropy on ``train_mask``, validation and test accuracy of one forward."""
 
-    def __init__(self, model: nn.Module, lr: float) -> None:
+    def __init__(self, model: nn.Module, lr: float, schedule: Optional[str] = None, epochs: int = 0) -> None:
         super().__init__()
-        self.gnn, self.lr = model, lr
+        self.gnn, self.lr, self.schedule, self.epochs = model, lr, schedule, epochs
 
     def forward(self, x, edge_index):
         return self.gnn(x, edge_index)
@@ -73,4 +83,6 @@ class Classifier(LightningModule):
         self.log_dict({"val_acc": val, "test_acc": test}, batch_size=1)
 
     def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=self.lr)
+        opt = torch.optim.Adam(self.parameters(), lr=self.lr)
+        sched = lr_scheduler(opt, self.schedule, self.epochs)
+        return opt if sched is None else {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}

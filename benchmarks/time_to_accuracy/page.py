@@ -69,7 +69,7 @@ SETUP = [
 FINDINGS = [
     "What the link adds to an epoch is, within the noise of one run, the seconds its bytes need at R: neither mode "
     "hides its transfers behind compute here: not GNNPipe's default 1F1B, not GPipe, which sends every chunk's "
-    "activations before the first backward (GCNII-16, 163 Mbit/s: 41.2 s against 1F1B's 38.6 s), and not graph "
+    "activations before the first backward (GCNII-16, 163 Mbit/s: 42.8 s against 1F1B's 39.1 s), and not graph "
     "parallelism, whose halo exchange precedes every layer's compute. So the "
     "per-epoch ratio follows the bytes ratio, and on this graph graph parallelism sends only about 1.5x GNNPipe's "
     "bytes: a 2-way METIS cut of a community graph leaves few halo nodes (GNNPipe's traffic, `2 (S-1) |V| d` plus "
@@ -97,16 +97,16 @@ FINDINGS = [
     "Validation: GNNPipe evaluates the graph-parallel way by default (`evaluation=\"auto\"`): the stages' weights "
     "are copied to both ranks, each takes 4 of the 8 chunks, grouped so that they read each other's rows (at 300k "
     "26k and 27k halo rows, as few as a 2-way METIS cut's 33k and 24k), through all layers, and the ranks exchange "
-    "halo rows before each layer. On the free link its validation now costs less than the single process's: 1.49 s "
+    "halo rows before each layer. On the free link its validation costs less than the single process's: 1.49 s "
     "(GraphSAGE-8) and 2.35 s (GCNII-16) at 300k against exact's 2.04 and 3.05 s, and 5.92 s at 1M against 6.66 s. "
-    "With the stages one after the other (`evaluation=\"pipeline\"`, the earlier default, still available) they "
+    "With the stages one after the other (`evaluation=\"pipeline\"`) they "
     "took 2.75, 5.42 and 11.64 s. Over a slow link the graph-parallel way sends more (every layer's halo rows "
     "against one `|V| x d` per stage boundary): GCNII-16 validation takes 14.8 s against 14.3 s at 163 Mbit/s and "
     "118.1 s against 106.5 s at 16 Mbit/s, still less than graph parallelism's 117.3 + 3.4 s there. Its cost is "
     "memory: each rank keeps its group's chunk graph and computes a whole group's rows per layer; the largest 1M "
     "rank peaked at 3.84 GiB USS against 3.40 GiB.",
     "",
-    "Why the stages one after the other were slower than one process (`python -m "
+    "Why the stages one after the other are slower than one process (`python -m "
     "benchmarks.time_to_accuracy.validation_probe --part fit [--allocator glibc]`, GraphSAGE-8 at 300k, three "
     "`Trainer.validate` calls, `evaluation=\"pipeline\"`): a waiting rank costs nothing (0.00 s of CPU over a 2.00 s "
     "wait in gloo's recv), and in one process the two stages' exact forward costs what the single process's does "
@@ -121,13 +121,13 @@ FINDINGS = [
     "The hybrid 2x2 runs 4 processes on the 2 cores and sends the most (0.71 GiB a training step: stage boundaries "
     "0.29, halo rows and their gradients 0.39, logits 0.04), so it is the slowest mode here: 20.3 s an epoch on the "
     "free link, 30.6 s at 654 Mbit/s, 73.5 s at 163 Mbit/s (not run at 16 Mbit/s: about 25 minutes). Its exact validation receives each partition's halo rows once per layer; "
-    "summing every layer's whole `(|V|, d)` output over the partitions instead, as earlier versions did, took "
-    "149.1 s of validation at 163 Mbit/s against 33.5 s now (free link: 11.3 s against 10.1 s).",
+    "summing every layer's whole `(|V|, d)` output over the partitions instead (measured with that variant) takes "
+    "149.1 s of validation at 163 Mbit/s against 33.5 s (free link: 11.3 s against 10.1 s).",
     "",
     "1M nodes, 20M edges (residual GraphSAGE-8, free link, one seed): GNNPipe's accuracy equals exact training's "
     "(0.6771 against 0.6768), its training step is 0.60x the single process's (19.70 s against 32.98 s) and its "
     "exact validation 0.89x (5.92 s against 6.66 s), so it reaches 99% of exact's best validation accuracy in 0.65x "
-    "exact's seconds (target 0.7x; 0.76x with `evaluation=\"pipeline\"`, whose validation took 11.64 s). Graph "
+    "exact's seconds (target 0.7x; 0.76x in a run with `evaluation=\"pipeline\"`: training 18.35 s, validation 11.64 s). Graph "
     "parallelism, 14.90 + 4.61 s, is 0.49x: on the free link the cheaper mode at this size.",
 ]
 
@@ -181,8 +181,10 @@ def index(records: List[dict]) -> Dict[tuple, dict]:
 
 
 def model_key(s: dict) -> str:
-    """The model of a spec, with its learning rate when the spec sets one (``gcnii16 (lr 0.005)``)."""
-    return s["model"] + (f" (lr {s['lr']})" if "lr" in s else "")
+    """The model of a spec, with its learning rate and schedule when the spec sets them (``gcnii16 (lr 0.005)``,
+    ``gcnii16 (cosine)``)."""
+    extra = [f"lr {s['lr']}"] * ("lr" in s) + [s["lr_schedule"]] * bool(s.get("lr_schedule"))
+    return s["model"] + (f" ({', '.join(extra)})" if extra else "")
 
 
 def mode_key(s: dict) -> str:

@@ -3,7 +3,8 @@
 ``SPEC`` is a JSON object: ``graph`` (the fields of :class:`~benchmarks.time_to_accuracy.graph.GraphSpec`), ``model``
 (:data:`~benchmarks.time_to_accuracy.models.MODELS`), ``mode``, ``epochs``, ``seed`` (of the weights), ``validate``
 (validation every epoch, default true), ``chunks`` (K of the GNNPipe modes, default 8), ``lr`` (Adam's learning rate,
-default the model's :data:`~benchmarks.time_to_accuracy.models.LEARNING_RATE`) and ``strategy`` (more keyword
+default the model's :data:`~benchmarks.time_to_accuracy.models.LEARNING_RATE`), ``lr_schedule`` (``"cosine"``:
+cosine annealing to 0 over ``epochs``, stepped once per epoch; default constant) and ``strategy`` (more keyword
 arguments of the strategy). Modes:
 
 * ``exact``: one process, 2 threads (``threads``), a plain PyTorch loop on a CSR adjacency (the best single-process
@@ -38,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.harness.memory import MemorySampler  # noqa: E402
 from benchmarks.time_to_accuracy.graph import GraphSpec, community_graph  # noqa: E402
-from benchmarks.time_to_accuracy.models import LEARNING_RATE, Classifier, accuracies, build_model  # noqa: E402
+from benchmarks.time_to_accuracy.models import LEARNING_RATE, Classifier, accuracies, build_model, lr_scheduler  # noqa: E402
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy  # noqa: E402
 
 LONG = timedelta(hours=2)  # collectives may wait long on an emulated slow link
@@ -110,6 +111,7 @@ def run_plain(spec: dict, data) -> List[dict]:
         graph = to_torch_csr_tensor(data.edge_index.flip(0), size=(n, n))
     run = (lambda: model(data.x)) if graph is None else (lambda: model(data.x, graph))
     opt = torch.optim.Adam(model.parameters(), lr=spec.get("lr", LEARNING_RATE[name]))
+    sched = lr_scheduler(opt, spec.get("lr_schedule"), spec["epochs"])
     rows = []
     for _ in range(spec["epochs"]):
         t0 = time.perf_counter()
@@ -118,6 +120,8 @@ def run_plain(spec: dict, data) -> List[dict]:
         loss = F.cross_entropy(run()[data.train_mask], data.y[data.train_mask])
         loss.backward()
         opt.step()
+        if sched is not None:
+            sched.step()
         t1 = time.perf_counter()
         row = {"train_s": t1 - t0, "val_s": 0.0, "train_loss": float(loss)}
         if spec.get("validate", True):
@@ -143,7 +147,7 @@ def run_trainer(spec: dict, data, run_dir: Path) -> List[dict]:
     else:
         raise ValueError(f"time_to_accuracy: unknown mode {mode!r}.")
     module = Classifier(build_model(spec["model"], data.num_features, int(data.y.max()) + 1, spec["seed"]),
-                        spec.get("lr", LEARNING_RATE[spec["model"]]))
+                        spec.get("lr", LEARNING_RATE[spec["model"]]), spec.get("lr_schedule"), spec["epochs"])
     trainer = Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=spec["epochs"], logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       num_sanity_val_steps=0, limit_val_batches=1 if spec.get("validate", True) else 0,
