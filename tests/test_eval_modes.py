@@ -192,6 +192,10 @@ def test_graph_parallel_evaluation_is_refused_where_it_cannot_run(graph):
     assert resolve_evaluation("auto", 1, 1, 2) == "pipeline" and resolve_evaluation("auto", 1, 4, 2) == \
         "graph_parallel" and resolve_evaluation("auto", 2, 8, 2) == "pipeline"
     assert resolve_evaluation("auto", 1, 4, 2, autocast=True) == "pipeline"  # bf16-mixed rounds at stage boundaries
+    # the bytes, once the chunk plan gives them: at most AUTO_MAX_BYTES_RATIO times the pipelined forward's
+    assert resolve_evaluation("auto", 1, 4, 2, bytes_ratio=lambda: AUTO_MAX_BYTES_RATIO) == "graph_parallel"
+    assert resolve_evaluation("auto", 1, 4, 2, bytes_ratio=lambda: 1.01 * AUTO_MAX_BYTES_RATIO) == "pipeline"
+    assert resolve_evaluation("graph_parallel", 1, 4, 2, bytes_ratio=lambda: 10.0) == "graph_parallel"  # named
 
 
 def test_auto_evaluation_weighs_the_bytes_of_both_ways():

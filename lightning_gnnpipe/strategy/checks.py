@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 from torch import nn
@@ -33,12 +33,18 @@ def check_not_multi_stage_hybrid(schedule: str, graph_parallel_size: int) -> Non
 EVALUATIONS = ("auto", "graph_parallel", "pipeline")
 
 
+AUTO_MAX_BYTES_RATIO = 2.0
+"""``"auto"`` evaluates the graph-parallel way only while its halo exchange sends at most this many times the bytes of
+the pipelined forward (:func:`~lightning_gnnpipe.strategy.graph_parallel_eval.exchange_bytes_ratio`)."""
+
+
 def resolve_evaluation(evaluation: str, graph_parallel_size: int, num_chunks: int, num_stages: int,
-                       autocast: bool = False) -> str:
+                       autocast: bool = False, bytes_ratio: Optional[Callable[[], float]] = None) -> str:
     """The exact forward evaluation runs: ``"auto"`` is ``"graph_parallel"`` when there is one partition and at least
-    one chunk per stage rank (``G = 1``, ``K >= S``) and no autocast (``bf16-mixed`` rounds the pipelined forward's
-    rows at every stage boundary, which the graph-parallel forward has not), else ``"pipeline"``. At setup
-    :meth:`~lightning_gnnpipe.strategy.graph_parallel_eval.GraphParallelEvaluation.build` also weighs the bytes.
+    one chunk per stage rank (``G = 1``, ``K >= S``), no autocast (``bf16-mixed`` rounds the pipelined forward's
+    rows at every stage boundary, which the graph-parallel forward has not) and, where ``bytes_ratio`` is given (it
+    needs the chunk plan: at the first evaluation), its halo exchange sends at most :data:`AUTO_MAX_BYTES_RATIO` times
+    the pipelined forward's bytes; else ``"pipeline"``.
 
     Raises:
         ValueError: ``"graph_parallel"`` named with fewer chunks than stages (a rank would have none).
@@ -48,7 +54,8 @@ def resolve_evaluation(evaluation: str, graph_parallel_size: int, num_chunks: in
                          f"ranks a group of chunks, so it needs num_chunks >= {num_stages} (got {num_chunks}). Use "
                          "more chunks or evaluation='pipeline'.")
     if evaluation == "auto":
-        return "graph_parallel" if graph_parallel_size == 1 and num_chunks >= num_stages and not autocast \
+        fits = graph_parallel_size == 1 and num_chunks >= num_stages and not autocast
+        return "graph_parallel" if fits and (bytes_ratio is None or bytes_ratio() <= AUTO_MAX_BYTES_RATIO) \
             else "pipeline"
     return evaluation
 

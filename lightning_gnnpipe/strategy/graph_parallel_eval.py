@@ -32,12 +32,11 @@ from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
 from lightning_gnnpipe.nn.gcn_norm import norm_keys
 from lightning_gnnpipe.nn.stack import takes_x0, uses_graph
 from lightning_gnnpipe.strategy.allocator import release_shared_pages
-from lightning_gnnpipe.strategy.checks import resolve_evaluation
+from lightning_gnnpipe.strategy.checks import AUTO_MAX_BYTES_RATIO, resolve_evaluation  # noqa: F401  (its rule)
 from lightning_gnnpipe.strategy.partition_forward import PartitionForward
 from lightning_gnnpipe.strategy.state import sync_stage_tensors
 
 
-AUTO_MAX_BYTES_RATIO = 2.0
 """``evaluation="auto"`` evaluates the graph-parallel way only if it sends at most this many times the pipelined
 forward's bytes (:func:`exchange_bytes_ratio`): it halves each rank's compute, so it pays where compute weighs about
 as much as the link. On the 300k-node graph of ``docs/results/time_to_accuracy.md`` (ratio 1.42) it took 0.43x the
@@ -107,13 +106,13 @@ class GraphParallelEvaluation:
         """One if the strategy's ``evaluation`` resolves to ``"graph_parallel"`` with ``G = graph_parallel_size``
         (:func:`~lightning_gnnpipe.strategy.checks.resolve_evaluation`), else ``None``; the rest as the class's.
 
-        ``"auto"`` also needs :func:`exchange_bytes_ratio` of at most :data:`AUTO_MAX_BYTES_RATIO` (``dims``: the
-        width entering each layer; ``stage_layers``: the layers of every virtual stage). Every position but 0, which
+        ``"auto"`` also weighs :func:`exchange_bytes_ratio` there (``dims``: the width entering each layer;
+        ``stage_layers``: the layers of every virtual stage). Every position but 0, which
         runs the first stage, lets go of the features' pages after each run (``release_features``)."""
-        mode = resolve_evaluation(evaluation, graph_parallel_size, plan.num_chunks, num_ranks, autocast)
-        if mode != "graph_parallel" or (evaluation == "auto" and dims is not None and stage_layers is not None and
-                                        exchange_bytes_ratio(blocks, plan, num_ranks, dims, stage_layers)
-                                        > AUTO_MAX_BYTES_RATIO):
+        ratio = None if dims is None or stage_layers is None else \
+            (lambda: exchange_bytes_ratio(blocks, plan, num_ranks, dims, stage_layers))
+        if resolve_evaluation(evaluation, graph_parallel_size, plan.num_chunks, num_ranks, autocast, ratio) \
+                != "graph_parallel":
             return None
         return GraphParallelEvaluation(blocks, plan, edge_index, x, num_ranks, position, group, device, autocast,
                                        release_features=position != 0)
