@@ -64,20 +64,21 @@ TUNED_ACCURACY = {"halo_gradients": "stale"}  # GNNPipe's tuned option for GCNII
 
 def spec(nodes: int, model: str, mode: str, seed: int = 0, epochs: int = EPOCHS, validate: bool = True,
          chunks: int = 8, threads: Optional[int] = None, rate: Optional[float] = None,
-         strategy: Optional[dict] = None) -> dict:
-    """One run's parameters (its JSON is the cache key); ``strategy``: options beside the defaults."""
+         strategy: Optional[dict] = None, lr: Optional[float] = None, lr_schedule: Optional[str] = None) -> dict:
+    """One run's parameters (its JSON is the cache key); ``strategy``: options beside the defaults; ``lr``,
+    ``lr_schedule``: beside the model's constant learning rate (:mod:`benchmarks.time_to_accuracy.worker`)."""
     out = {"graph": GraphSpec(num_nodes=nodes).as_dict(), "model": model, "mode": mode, "seed": seed,
            "epochs": epochs, "validate": validate, "chunks": chunks, "rate_bits": rate}
-    if threads is not None:
-        out["threads"] = threads
-    if strategy:
-        out["strategy"] = strategy
+    for key, value in (("threads", threads), ("strategy", strategy), ("lr", lr), ("lr_schedule", lr_schedule)):
+        if value:
+            out[key] = value
     return out
 
 
 def accuracy_specs() -> List[dict]:
     """In the order they are worth measuring: the first seven settle GNNPipe against exact and graph parallelism at
-    each depth and the MLP baseline; then a second seed of exact and GNNPipe per model; then GCNII-16's tuned runs."""
+    each depth and the MLP baseline; then a second seed of exact and GNNPipe per model; then GCNII-16's tuned runs:
+    GNNPipe's options, fewer chunks, and other learning rates (:func:`spec`'s ``lr`` and ``lr_schedule``)."""
     out = [spec(SMALL, "ressage8", m) for m in ("exact", "gnnpipe", "graph_parallel", "mlp")]
     out += [spec(SMALL, "gcnii16", m) for m in ("exact", "gnnpipe", "graph_parallel")]
     out += [spec(SMALL, "ressage8", m, seed=1) for m in ("exact", "gnnpipe")]
@@ -85,8 +86,12 @@ def accuracy_specs() -> List[dict]:
     # tuned for accuracy: the option docs/convergence.md names for deep GCNII (the default diverges here, see the page),
     # and exact history tables at every epoch's start (one step per epoch: every halo row read is then exact)
     # (and every second epoch's start: half the extra forward)
-    return out + [spec(SMALL, "gcnii16", "gnnpipe", strategy=s) for s in (TUNED_ACCURACY, {"refresh_every": 1},
-                                                                          {"refresh_every": 2})]
+    out += [spec(SMALL, "gcnii16", "gnnpipe", strategy=s) for s in (TUNED_ACCURACY, {"refresh_every": 1},
+                                                                     {"refresh_every": 2}, {"history_momentum": 0.5})]
+    # fewer chunks (fewer stale reads), and the learning rate: halved, or annealed (exact training beside each)
+    out += [spec(SMALL, "gcnii16", "gnnpipe", chunks=k) for k in (2, 4)]
+    return out + [spec(SMALL, "gcnii16", m, **lr) for lr in ({"lr": 0.005}, {"lr_schedule": "cosine"})
+                  for m in ("exact", "gnnpipe")]
 
 
 def large_specs() -> List[dict]:
