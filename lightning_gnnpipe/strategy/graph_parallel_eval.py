@@ -37,13 +37,6 @@ from lightning_gnnpipe.strategy.partition_forward import PartitionForward
 from lightning_gnnpipe.strategy.state import sync_stage_tensors
 
 
-"""``evaluation="auto"`` evaluates the graph-parallel way only if it sends at most this many times the pipelined
-forward's bytes (:func:`exchange_bytes_ratio`): it halves each rank's compute, so it pays where compute weighs about
-as much as the link. On the 300k-node graph of ``docs/results/time_to_accuracy.md`` (ratio 1.42) it took 0.43x the
-pipelined evaluation's time on the free link (GCNII-16) and 1.03x and 1.11x at the 100 and 10 Gbit/s rates; where
-nearly every node is in another group's halo the ratio is several times larger and the link decides."""
-
-
 def exchange_bytes_ratio(blocks: List[nn.Module], plan: ChunkPlan, num_ranks: int, dims: List[int],
                          stage_layers: List[List[int]]) -> float:
     """Rows x widths the graph-parallel evaluation exchanges, over those the pipelined forward sends (unitless).
