@@ -153,6 +153,7 @@ def spread_specs(records: List[dict]) -> List[dict]:
                 out += [spec(SMALL, model, m, epochs=2, rate=rate) for m in ("gnnpipe", "graph_parallel")]
     out.append(spec(SMALL, "gcnii16", "gnnpipe", epochs=2, rate=r100, strategy={"evaluation": "graph_parallel"}))
     out += [spec(SMALL, model, "exact", epochs=2) for model in ("ressage8", "gcnii16")]  # its quiet epoch
+    out += [spec(SMALL, "ressage8", "gnnpipe", epochs=2, chunks=k) for k in (2, 4)]  # fewer chunks: smaller halos
     out.append(spec(SMALL, "ressage8", "mlp"))
     out += [spec(SMALL, model, m) for model in ("ressage8", "gcnii16") for m in ("exact", "gnnpipe")]
     for s in out:

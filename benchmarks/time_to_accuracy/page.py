@@ -400,9 +400,11 @@ SPREAD_INTRO = (
     "epoch). Here `evaluation=\"auto\"` keeps the pipelined exact forward (the graph-parallel one would send 6.47x "
     "its bytes). On the free link GNNPipe is slower here than on the page's graph, and slower than the single "
     "process (ressage8: 9.3 s of training against 5.2 s there and 6.3 s for exact training; so its time to accuracy "
-    "on the free link is 1.76x exact's): the 8 chunks' halos hold 2.4 |V| rows against 0.94 |V| there, rows that "
-    "every layer gathers from the history tables and aggregates (the planner, which counts a chunk's own rows only, "
-    "misses that). GCNII-16's accuracy gap is larger here (-9.51 points with the defaults, one seed).")
+    "on the free link is 1.76x exact's), and the planner, which scales the single process's layer time by a chunk's "
+    "own rows, misses that. The cause is not pinned down: the 8 chunks' halos hold 2.4 |V| rows against 0.94 |V| on "
+    "the page's graph, but fewer chunks, with smaller halos, do not shorten the training step (K = 2: 0.81 |V| halo "
+    "rows, 10.12 s; K = 4: 1.7 |V|, 10.85 s; K = 8: 9.28 s; 2 epochs, second timed). GCNII-16's accuracy gap is "
+    "larger here (-9.51 points with the defaults, one seed).")
 
 
 def spread_lines(records: List[dict], rates: Dict[int, dict],
