@@ -88,7 +88,8 @@ def accuracy_specs() -> List[dict]:
     # and exact history tables at every epoch's start (one step per epoch: every halo row read is then exact)
     # (and every second epoch's start: half the extra forward)
     out += [spec(SMALL, "gcnii16", "gnnpipe", strategy=s) for s in (TUNED_ACCURACY, {"refresh_every": 1},
-                                                                     {"refresh_every": 2}, {"history_momentum": 0.5})]
+                                                                     {"refresh_every": 2}, {"history_momentum": 0.5},
+                                                                     {"refresh_every": 1, **TUNED_ACCURACY})]
     # fewer chunks (fewer stale reads), and the learning rate: halved, or annealed (exact training beside each)
     out += [spec(SMALL, "gcnii16", "gnnpipe", chunks=k) for k in (2, 4)]
     return out + [spec(SMALL, "gcnii16", m, **lr) for lr in ({"lr": 0.005}, {"lr_schedule": "cosine"})
