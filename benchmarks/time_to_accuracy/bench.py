@@ -92,8 +92,9 @@ def accuracy_specs() -> List[dict]:
                                                                      {"refresh_every": 1, **TUNED_ACCURACY})]
     # fewer chunks (fewer stale reads), and the learning rate: halved, or annealed (exact training beside each)
     out += [spec(SMALL, "gcnii16", "gnnpipe", chunks=k) for k in (2, 4)]
-    return out + [spec(SMALL, "gcnii16", m, **lr) for lr in ({"lr": 0.005}, {"lr_schedule": "cosine"})
-                  for m in ("exact", "gnnpipe")]
+    out += [spec(SMALL, "gcnii16", m, **lr) for lr in ({"lr": 0.005}, {"lr_schedule": "cosine"})
+            for m in ("exact", "gnnpipe")]
+    return out + [spec(SMALL, "gcnii16", "gnnpipe", lr_schedule="cosine", strategy={"history_momentum": 0.5})]
 
 
 def large_specs() -> List[dict]:
