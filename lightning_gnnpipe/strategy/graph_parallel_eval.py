@@ -10,7 +10,7 @@ before each message-passing layer: graph parallelism's forward
 (:class:`~lightning_gnnpipe.strategy.partition_forward.PartitionForward`), without gradients. The logits are the
 pipelined forward's (the same blocks on the same exact rows; ``tests/test_eval_modes.py``; under ``bf16-mixed``
 they differ by the pipeline's rounding at stage boundaries). Bytes per evaluation: every stage's weights once (one
-broadcast per tensor) and every message-passing layer's halo rows of the parts, against ``|V| x d`` per stage
+broadcast per owner and dtype) and every message-passing layer's halo rows of the parts, against ``|V| x d`` per stage
 boundary for the pipelined forward.
 
 The history refresh keeps the pipelined forward: it fills each stage's tables with the inputs of that stage's layers.

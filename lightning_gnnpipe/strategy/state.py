@@ -31,7 +31,14 @@ def tensor_owners(blocks: List[nn.Module], layers_per_stage: List[List[int]]) ->
 @torch.no_grad()
 def sync_stage_tensors(module: nn.Module, owners: Dict[int, int], group=None) -> None:
     """Overwrite, on every rank, each owned parameter and buffer with its owner's values: one broadcast per owner and
-    dtype (the tensors flattened into one), in the same order on every rank."""
+    dtype (the tensors flattened into one buffer, of the owner's tensors' bytes), in the same order on every rank.
+
+    Args:
+        module: The whole user module, the same on every rank.
+        owners: ``id(tensor)`` to the rank in ``group`` that trains it (:func:`tensor_owners`); others are left alone.
+        group: The ranks that share the module's stages (``None``: the world). A collective: every rank of ``group``
+            must call it, and fails with the group's timeout if one does not.
+    """
     seen, batches = set(), {}
     for _, t in sorted(
         list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False)),
