@@ -83,6 +83,32 @@ def test_techniques_equal_sequential_reference(tmp_path, graph):
     assert 0 < ranks[0][-1]["gnnpipe/drift_layer1"] < 1
 
 
+def test_validation_before_a_refresh_is_the_refresh(tmp_path, graph, monkeypatch):
+    """With validation every epoch, the refresh that ``refresh_every=2`` owes epochs 2 and 4 is the validation's own
+    pipelined forward (after epochs 1 and 3; not after the last), and training equals the sequential reference."""
+    import torch.distributed as dist
+
+    from lightning_gnnpipe.pipeline.runtime import PipelineRuntime
+
+    calls, original = tmp_path / "calls", PipelineRuntime.full_forward
+    calls.mkdir()
+
+    def counted(self, write_history=False, drift=None):  # the forked ranks inherit it
+        with open(calls / str(dist.get_rank()), "a") as f:
+            f.write("w" if write_history else "e")
+        return original(self, write_history, drift)
+
+    monkeypatch.setattr(PipelineRuntime, "full_forward", counted)
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+    ref = chunked_reference(GCNModule(16, 32, 4, 4), graph, dm.plan, EPOCHS, refresh_every=2)
+    ranks = fit(str(tmp_path), GCNModule(16, 32, 4, 4), dm, devices=2,
+                strategy=GNNPipeStrategy(refresh_every=2, evaluation="pipeline"), epochs=EPOCHS)
+    torch.testing.assert_close(losses(ranks[1]), ref, atol=1e-6, rtol=0)
+    # refresh at the start, then the validations of epochs 0..4: those before epochs 2 and 4 write the tables
+    assert [(calls / str(r)).read_text() for r in range(2)] == ["wewewe"] * 2
+    assert "gnnpipe/drift_layer1" in ranks[0][-1] and ranks[0][-1]["val_acc"] == ranks[1][-1]["val_acc"]
+
+
 def test_gcnii_one_chunk_three_stages_equals_single_device(tmp_path, graph):
     from tests.helpers import GCNIIModule
 
@@ -91,6 +117,51 @@ def test_gcnii_one_chunk_three_stages_equals_single_device(tmp_path, graph):
     ranks = fit(str(tmp_path / "p"), GCNIIModule(16, 32, 4, 4), dm, devices=3, strategy=GNNPipeStrategy(),
                 epochs=EPOCHS)
     torch.testing.assert_close(losses(ranks[0]), losses(single), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("refresh_every", [0, 1])
+def test_gcnii_stale_halo_gradients_equal_sequential_reference(tmp_path, graph, refresh_every):
+    """GCNII (h0 carried through the stages) with PipeGCN-style stale halo gradients, alone and beside an exact
+    refresh every epoch (then the pipelined forward is exact and only the halo gradients are one epoch late)."""
+    from lightning_gnnpipe import find_layer_stack
+    from tests.helpers import GCNIIModule
+
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+    module = GCNIIModule(16, 32, 4, 4)
+    ref = chunked_reference(module, graph, dm.plan, EPOCHS, refresh_every=refresh_every, stale_halo_grads=True,
+                            layers=list(find_layer_stack(module.gnn).blocks))
+    ranks = fit(str(tmp_path), GCNIIModule(16, 32, 4, 4), dm, devices=2,
+                strategy=GNNPipeStrategy(halo_gradients="stale", refresh_every=refresh_every), epochs=EPOCHS)
+    torch.testing.assert_close(losses(ranks[1]), ref, atol=1e-6, rtol=0)
+
+
+def test_refresh_every_epoch_trains_on_the_exact_forward(tmp_path, graph):
+    """With ``refresh_every=1`` (one optimizer step per epoch) every halo row a chunk reads is exact, so each epoch's
+    training loss is the unsplit model's full-graph loss of that epoch's weights; the weights come from the chunked
+    reference, run one epoch at a time (plain SGD: no optimizer state to carry)."""
+    import torch.nn.functional as F
+
+    from lightning_gnnpipe import find_layer_stack
+    from tests.helpers import GCNIIModule
+
+    class SGDGCNII(GCNIIModule):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.5)
+
+    dm, module = GraphChunkDataModule(graph, num_chunks=4), SGDGCNII(16, 32, 4, 4)
+    exact = []
+    for _ in range(EPOCHS):
+        with torch.no_grad():
+            out = module(graph.x, graph.edge_index)
+        exact.append(float(F.cross_entropy(out[graph.train_mask], graph.y[graph.train_mask])))
+        chunked_reference(module, graph, dm.plan, 1, layers=list(find_layer_stack(module.gnn).blocks))
+    assert exact[-1] < exact[0] - 1e-3  # it trains
+    ranks = fit(str(tmp_path), SGDGCNII(16, 32, 4, 4), dm, devices=2, strategy=GNNPipeStrategy(refresh_every=1),
+                epochs=EPOCHS)
+    torch.testing.assert_close(losses(ranks[1]), exact, atol=1e-6, rtol=0)
+    plain = fit(str(tmp_path / "plain"), SGDGCNII(16, 32, 4, 4), dm, devices=2, strategy=GNNPipeStrategy(),
+                epochs=EPOCHS)
+    assert abs(losses(plain[1])[-1] - exact[-1]) > 1e-5  # without the refresh the forward reads stale rows
 
 
 class SGDChunkLossGCN(ChunkLossGCN):

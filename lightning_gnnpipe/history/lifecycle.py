@@ -5,7 +5,9 @@ tables. Around that core this module runs, once per epoch and on every rank:
 
 * an optional exact refresh (every ``refresh_every`` epochs, and at the start of fit unless the tables were
   restored from a checkpoint): one no-grad full-graph forward writes every layer's exact input into its table and
-  measures the drift ``||h_hist - h_exact|| / ||h_exact||`` first;
+  measures the drift ``||h_hist - h_exact|| / ||h_exact||`` first. When the validation just before a due refresh
+  ran that same forward (same weights: no optimizer step since), it wrote the tables
+  (:meth:`HistoryLifecycle.refresh_in_evaluation`) and the refresh costs no second forward;
 * the epoch switch of each stage (:meth:`~lightning_gnnpipe.pipeline.stage.GNNStage.next_epoch`: NodeDropout's
   masks, stale halo gradients);
 * the staleness metrics ``gnnpipe/stale_edge_fraction``, ``gnnpipe/stale_age_epochs`` (epochs), and with a refresh
@@ -36,12 +38,16 @@ class HistoryLifecycle:
         refresh_every: Refresh every this many epochs (0: never).
         log_staleness: Log the staleness metrics.
         stale_stats: ``(fraction of edges read historical, their mean age in epochs)`` of the chunk order.
+        autocast: Whether evaluation runs under autocast (``bf16-mixed``); a refresh runs in full precision, so
+            then no evaluation doubles as one (:meth:`refreshes_in_evaluation`).
     """
 
     def __init__(self, stages: Sequence[nn.Module], full_forward: FullForward, refresh_every: int = 0,
-                 log_staleness: bool = True, stale_stats: Tuple[float, float] = (0.0, 0.0)) -> None:
-        self.stages, self.full_forward = list(stages), full_forward
+                 log_staleness: bool = True, stale_stats: Tuple[float, float] = (0.0, 0.0),
+                 autocast: bool = False) -> None:
+        self.stages, self.full_forward, self.autocast = list(stages), full_forward, autocast
         self.refresh_every, self.log_staleness, self.stale_stats = refresh_every, log_staleness, stale_stats
+        self._refreshed: Optional[Tuple[int, int, Dict[int, float]]] = None  # (epoch, step, drift) of an early one
 
     def refresh(self) -> Dict[int, float]:
         """Refill every stage's history tables with an exact no-grad full-graph forward (a collective).
@@ -50,25 +56,68 @@ class HistoryLifecycle:
             Drift ``||h_hist - h_exact|| / ||h_exact||`` per refreshed layer over the rows of every rank's table of
             it (:func:`combine_drift`).
         """
+        return self._refresh()[1]
+
+    def _refresh(self) -> Tuple[Any, Dict[int, float]]:
         drift: Dict[int, Tuple[float, float]] = {}
         with eval_mode(self.stages):
-            self.full_forward(write_history=True, drift=drift)
+            logits = self.full_forward(write_history=True, drift=drift)
         gathered: List[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, drift)
-        return combine_drift(gathered)
+        return logits, combine_drift(gathered)
 
-    def before_epoch(self, epoch: int, log: Optional[Callable[[str, float], None]] = None) -> None:
+    def due(self, epoch: int) -> bool:
+        """Whether training epoch ``epoch`` starts with a periodic refresh."""
+        return bool(self.refresh_every) and epoch > 0 and epoch % self.refresh_every == 0
+
+    def refreshes_in_evaluation(self, trainer: Any) -> bool:
+        """Whether the evaluation running now should be the refresh that the next training epoch is due (the same
+        answer on every rank): a fit's validation (not its sanity check) after an epoch that is not the last, in
+        full precision (a refresh does not run under autocast), not already done at this optimizer step.
+
+        Args:
+            trainer: The Lightning ``Trainer`` (its state, ``current_epoch``, ``global_step``, ``max_epochs``).
+        """
+        epoch, last = trainer.current_epoch + 1, trainer.max_epochs
+        in_fit = trainer.state.fn == "fit" and trainer.validating and not trainer.sanity_checking
+        early = self._refreshed is not None and self._refreshed[:2] == (epoch, trainer.global_step)
+        final = last is not None and 0 <= last <= epoch  # no epoch follows
+        return in_fit and not self.autocast and self.due(epoch) and not early and not final
+
+    def refresh_in_evaluation(self, trainer: Any) -> Any:
+        """Run the refresh that the next training epoch is due now, as the evaluation's exact forward (a collective).
+
+        The validation of a fit runs the exact forward of the weights the next epoch starts from; with a refresh
+        due there (:meth:`refreshes_in_evaluation`), this one forward serves both: it returns the logits
+        ``(|V|, C)`` on every rank and writes the tables. :meth:`before_epoch` of that epoch then skips its own
+        forward while the optimizer step count (``trainer.global_step``, the same on every rank) is unchanged,
+        so the weights are the same.
+        """
+        logits, drift = self._refresh()
+        self._refreshed = (trainer.current_epoch + 1, trainer.global_step, drift)
+        return logits
+
+    def before_epoch(self, epoch: int, log: Optional[Callable[[str, float], None]] = None,
+                     step: Optional[int] = None) -> None:
         """Start training epoch ``epoch``: periodic refresh, the stages' epoch switch, staleness metrics.
 
         Args:
             epoch: The epoch that starts.
             log: ``log(name, value)`` for the metrics (the LightningModule's ``log``, once per epoch).
+            step: The optimizer steps taken so far (``trainer.global_step``, the same on every rank): a refresh
+                that :meth:`refresh_in_evaluation` ran at this ``(epoch, step)`` is not run again (its
+                ``gnnpipe/refresh_seconds`` is then 0).
         """
-        if self.refresh_every and epoch > 0 and epoch % self.refresh_every == 0:
+        early, self._refreshed = self._refreshed, None
+        if self.due(epoch):
             start = time.perf_counter()
-            drift = self.refresh()
+            if early is not None and early[:2] == (epoch, step):  # no optimizer step since: the same weights
+                drift = early[2]
+            else:
+                drift = self.refresh()
+            seconds = time.perf_counter() - start
             if self.log_staleness and log is not None:
-                log("gnnpipe/refresh_seconds", time.perf_counter() - start)
+                log("gnnpipe/refresh_seconds", seconds)
                 for layer, value in sorted(drift.items()):
                     log(f"gnnpipe/drift_layer{layer}", value)
         for stage in self.stages:

@@ -64,9 +64,9 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         refresh_on_start: Fill the history tables with an exact forward at the start of fit (and
             of a resumed fit), instead of starting from zeros. On resume from a checkpoint that
             holds the tables, they are loaded instead (no refresh).
-        refresh_every: Also refresh every this many epochs (0: never). Each refresh costs one
-            no-grad full-graph forward; with ``log_staleness=True`` (the default) its time is logged as
-            ``gnnpipe/refresh_seconds``.
+        refresh_every: Also refresh every this many epochs (0: never): one no-grad full-graph forward, or none
+            where the fit's validation ran just before it in full precision (that forward, pipelined, writes the
+            tables). With ``log_staleness=True`` (the default) its time is logged as ``gnnpipe/refresh_seconds``.
         history_momentum: Moving-average momentum ``m`` of the tables: a write stores ``m * old + (1 - m) * new``.
         history_dtype: Dtype of the history tables (default ``None``: torch's, float32); ``torch.bfloat16`` or
             ``"bfloat16"`` halves their bytes, and halo rows are then read rounded (docs/results/notes/memory.md).
@@ -95,7 +95,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             activations until the backward; 1F1B at most about ``S`` chunks' (the schedule that keeps least).
         evaluation: The exact forward of evaluation: ``"graph_parallel"`` (``"auto"`` when ``G = 1``, ``K >= S``, no
             ``bf16-mixed`` and at most 2x the bytes): all ranks at once, a group of chunks each, halo rows exchanged
-            per layer (``strategy/graph_parallel_eval.py``); ``"pipeline"``: stage after stage, ``|V| x d`` each.
+            per layer (``strategy/graph_parallel_eval.py``); ``"pipeline"``: stage after stage, ``|V| x d`` each
+            (also a validation that is a due refresh, see ``refresh_every``).
         **kwargs: ``timeout``, ``exchange_timeout``, ``start_method``, ``process_group_backend``, ``profile_epoch``,
             ``trace_dir``, ``heap_mmap_threshold``, ``huge_pages``: see :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`.
 
@@ -215,8 +216,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             self.evaluation, self.graph_parallel_size, stack.blocks, plan, data.edge_index, x, topo.num_stages,
             self.stage_index, self._pp_group, self.root_device, runtime.boundary_dtype != x.dtype, self._dims, virtual)
         check_stage_widths(runtime.widths, self._pp_group)
-        self._history = HistoryLifecycle(runtime.stages, runtime.full_forward, self.refresh_every,
-                                         self.log_staleness, trainer.datamodule.stale_read_stats())
+        self._history = HistoryLifecycle(runtime.stages, runtime.full_forward, self.refresh_every, self.log_staleness,
+                                         trainer.datamodule.stale_read_stats(), runtime.boundary_dtype != x.dtype)
         if trainer.state.fn == TrainerFn.FITTING:
             self._loss = UserLoss(self.lightning_module, stack.module, runtime.stages[-1].graph.nodes)
             batch = self.batch_to_device(trainer.datamodule.data)
@@ -239,17 +240,14 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         return global_norm_clipping(plugin, group=self._pp_group, device=self.root_device)
 
     def refresh_history(self) -> Dict[int, float]:
-        """Refill every stage's history tables with an exact no-grad full-graph forward (a collective); return the
-        drift ``||h_hist - h_exact|| / ||h_exact||`` per refreshed layer, gathered from all stages."""
-        assert self._history is not None
-        return self._history.refresh()
+        """Refill every history table with an exact forward (a collective); return every stage's drift per layer."""
+        return self._history.refresh()  # type: ignore[union-attr]
 
     def on_train_start(self) -> None:
         super().on_train_start()
         saved, self._resume_state = self._resume_state, None
-        stages = self._runtime.stages if self._runtime is not None else []
-        plan = self.lightning_module.trainer.datamodule.plan
-        restored = restore_tables(saved, stages, plan, self.partition_index)  # the same on every rank
+        restored = restore_tables(saved, self._runtime.stages if self._runtime is not None else [],  # same everywhere
+                                  self.lightning_module.trainer.datamodule.plan, self.partition_index)
         if not restored and self.refresh_on_start:
             self.refresh_history()
 
@@ -259,8 +257,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         assert self._loss is not None
         lm, batch = self.lightning_module, args[0]
         self._begin_step()
-        self._history.before_epoch(lm.trainer.current_epoch, lambda name, value: lm.log(
-            name, value, batch_size=1, on_step=False, on_epoch=True, sync_dist=True))  # the same on every rank
+        self._history.before_epoch(lm.trainer.current_epoch, lambda name, value: lm.log(name, value, batch_size=1,
+            on_step=False, on_epoch=True, sync_dist=True), lm.trainer.global_step)  # the same on every rank
         with self.precision_plugin.train_step_context():
             try:
                 logits, output = self._runtime.step(*self._loss.for_step(batch, args, kwargs))
@@ -276,6 +274,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         return self._end_step(output)
 
     def full_logits(self) -> Tensor:
+        if self._history.refreshes_in_evaluation(self.lightning_module.trainer):  # one forward: evaluation, refresh
+            return self._history.refresh_in_evaluation(self.lightning_module.trainer)
         split = self._evaluation = self._evaluation() if isinstance(self._evaluation, partial) else self._evaluation
         return self._runtime.full_forward() if split is None else split(  # None: evaluation="pipeline"
             self.lightning_module, self._owners, self._runtime.stages[0].epoch)
