@@ -118,3 +118,47 @@ def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_
         opt.step()
         losses.append(float(loss))
     return losses
+
+
+def layer_major_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_every: int = 0,
+                          halo_gradients: str = "detach", layers: Optional[List[Callable]] = None) -> List[float]:
+    """The GNNPipe rule computed layer by layer over all chunks (one partition, no momentum), written apart from
+    :func:`chunked_reference`: at layer ``l`` chunk ``c`` reads the rows of the chunks before it as they are this
+    epoch (detached), those of the chunks after it from last epoch's values (the table). With
+    ``halo_gradients="fresh"`` the rows read from the table pass their gradient straight to the owner chunk's rows of
+    this epoch (their value stays the table's); those read fresh pass none. Returns every epoch's full-graph loss."""
+    gnn = module.gnn
+    if layers is None:
+        layers = [partial(gcn_layer, gnn, layer) for layer in range(gnn.num_layers)]
+    n, k, opt = data.num_nodes, plan.num_chunks, module.configure_optimizers()
+    nodes = plan.nodes
+    tables = exact_inputs(layers, data)
+    losses = []
+    for epoch in range(epochs):
+        if refresh_every and epoch > 0 and epoch % refresh_every == 0:
+            tables = exact_inputs(layers, data)
+        opt.zero_grad()
+        hs, x0 = [data.x[nodes[c]] for c in range(k)], None
+        for layer, fn in enumerate(layers):
+            out = []
+            for c in range(k):
+                mixed = tables[layer].clone()
+                for other in range(k):
+                    if other < c:
+                        mixed[nodes[other]] = hs[other].detach()
+                    elif other > c and layer > 0 and halo_gradients == "fresh":
+                        mixed[nodes[other]] = mixed[nodes[other]] + hs[other] - hs[other].detach()
+                mixed[nodes[c]] = hs[c]
+                out.append(call_layer(fn, mixed, data.edge_index, x0)[nodes[c]])
+            with torch.no_grad():
+                for c in range(k):
+                    tables[layer][nodes[c]] = hs[c]
+            hs = out
+            if layer == 0:
+                x0 = torch.zeros(n, hs[0].size(-1)).index_put((torch.cat(nodes),), torch.cat(hs))
+        full = torch.zeros(n, hs[0].size(-1)).index_put((torch.cat(nodes),), torch.cat(hs))
+        loss = F.cross_entropy(full[data.train_mask], data.y[data.train_mask])
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses

@@ -1,5 +1,5 @@
 """Plain-SGD parameter comparisons for the cases ``test_exactness.py::test_sgd_parameters_equal_the_reference``
-does not cover: the multi-stage schedules, hybrid parallelism, moving-average history tables and stale halo
+does not cover: the multi-stage schedules, hybrid parallelism, moving-average history tables, stale and fresh halo
 gradients.
 
 Adam divides every step by the gradient's running scale, so a gradient that is wrong by a constant factor (one
@@ -21,7 +21,7 @@ import torch
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule
 from lightning_gnnpipe.pipeline.schedule import MULTI_STAGE_SCHEDULES
 from tests.helpers import MetricRecorder, fit, read_metrics, sbm_graph
-from tests.reference import chunked_reference
+from tests.reference import chunked_reference, layer_major_reference
 from tests.test_exactness import SaveWeights, SGDChunkLossGCN, _trained
 
 EPOCHS = 4
@@ -105,6 +105,28 @@ def test_stale_halo_gradients_sgd_parameters_equal_the_reference(tmp_path, graph
     expected = reference_weights(graph, dm.plan, stale_halo_grads=True)
     assert largest_difference(expected, reference_weights(graph, dm.plan)) > DISTINCT  # not the detached halos
     trained = trained_weights(tmp_path, dm, 2, GNNPipeStrategy(schedule=schedule, halo_gradients="stale"))
+    assert_equal_to_reference(trained, expected)
+
+
+@pytest.mark.parametrize("schedule,refresh_every", [("gpipe", 0), ("1f1b", 0), ("1f1b", 1)])
+def test_fresh_halo_gradients_sgd_parameters_equal_the_reference(tmp_path, graph, schedule, refresh_every):
+    """``halo_gradients="fresh"``: the gradient that reaches rows a chunk read historical is added to the owners' in
+    the same epoch (their backward comes later); the layer-by-layer reference, which shares no code with
+    :func:`chunked_reference` (itself checked equal to it for detached halos)."""
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+
+    def layer_major(**options) -> State:
+        module = SGDChunkLossGCN(*MODEL, lr=LR)
+        layer_major_reference(module, graph, dm.plan, EPOCHS, refresh_every=refresh_every, **options)
+        return module.state_dict()
+
+    expected = layer_major(halo_gradients="fresh")
+    assert largest_difference(layer_major(), reference_weights(graph, dm.plan, refresh_every=refresh_every)) <= ATOL
+    assert largest_difference(expected, layer_major()) > DISTINCT  # not the detached halos
+    stale = reference_weights(graph, dm.plan, refresh_every=refresh_every, stale_halo_grads=True)
+    assert largest_difference(expected, stale) > DISTINCT  # nor the stale ones
+    trained = trained_weights(tmp_path, dm, 2, GNNPipeStrategy(schedule=schedule, halo_gradients="fresh",
+                                                               refresh_every=refresh_every))
     assert_equal_to_reference(trained, expected)
 
 

@@ -1,9 +1,15 @@
-"""Stale halo gradients: gradients that reach a halo row are applied to its owner one epoch later.
+"""Halo gradients: what becomes of the gradients that reach a chunk's halo rows.
 
 With detached halos (GNNAutoScale, Fey et al., ICML 2021) the gradient of the loss with respect to a chunk's halo
-rows is dropped. PipeGCN (Wan et al., ICLR 2022, arXiv 2203.10428) keeps it and applies it one iteration late:
-here, the gradients that reach halo rows of layer ``l`` during epoch ``e`` are summed per node, and in epoch
-``e + 1`` they are added to the gradient of the owner chunk's input of layer ``l`` during its backward.
+rows is dropped. PipeGCN (Wan et al., ICLR 2022, arXiv 2203.10428) keeps it and applies it one iteration late
+(``"stale"``): here, the gradients that reach halo rows of layer ``l`` during epoch ``e`` are summed per node, and in
+epoch ``e + 1`` they are added to the gradient of the owner chunk's input of layer ``l`` during its backward.
+
+``"fresh"`` applies them in the same epoch where the order allows: the schedules run the chunks' backwards in chunk
+order (GPipe, 1F1B), so when chunk ``c`` runs its backward through layer ``l``, the chunks before it have already
+sent theirs for ``c``'s rows, the rows they read historical (``c`` had not yet written them this epoch). Those are
+added; the gradients of rows read fresh (by later chunks, after ``c``'s backward) are dropped. With exact tables
+(``refresh_every=1``, one step per epoch) the first part is exactly the full-graph gradient along those edges.
 """
 
 from __future__ import annotations
@@ -12,9 +18,10 @@ import torch
 from torch import Tensor, nn
 
 
-HALO_GRADIENTS = ("detach", "stale")
-"""What a halo row's gradient does: ``"detach"`` (dropped, GNNPipe's default) or ``"stale"`` (applied to its owner
-one epoch later, :class:`HaloGradients`)."""
+HALO_GRADIENTS = ("detach", "stale", "fresh")
+"""What a halo row's gradient does: ``"detach"`` (dropped, GNNPipe's default), ``"stale"`` (applied to its owner
+one epoch later) or ``"fresh"`` (applied to its owner in the same epoch if its backward has not run yet, else
+dropped), :class:`HaloGradients`."""
 
 
 def check_halo_gradients(value: object, owner: str) -> None:
@@ -24,7 +31,7 @@ def check_halo_gradients(value: object, owner: str) -> None:
         ValueError: ``value`` is not one of :data:`HALO_GRADIENTS` (the message names ``owner`` and the value).
     """
     if value not in HALO_GRADIENTS:
-        raise ValueError(f"{owner}: `halo_gradients` must be 'detach' or 'stale' (got {value!r}).")
+        raise ValueError(f"{owner}: `halo_gradients` must be one of {HALO_GRADIENTS} (got {value!r}).")
 
 
 class _AddToGrad(torch.autograd.Function):
@@ -39,17 +46,33 @@ class _AddToGrad(torch.autograd.Function):
         return grad + extra.to(grad.dtype), None
 
 
+class _AddRowsAtBackward(torch.autograd.Function):
+    """Identity whose backward adds the rows ``index`` of ``table`` as they are when the backward runs."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, table: Tensor, index: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.table, ctx.index = table, index  # not saved for backward: the table changes until then, by design
+        return h.view_as(h)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return grad + ctx.table[ctx.index].to(grad.dtype), None, None
+
+
 class HaloGradients(nn.Module):
-    """Per-node gradient tables of one layer's input: collected this epoch, applied next epoch.
+    """Per-node gradient tables of one layer's input: collected this epoch, applied next epoch (``fresh=False``) or
+    at the owner chunk's backward in this one (``fresh=True``: one table, no ``applied``).
 
     Shapes:
         ``collected``, ``applied``: ``(|V|, d)``.
     """
 
-    def __init__(self, num_nodes: int, channels: int, device=None) -> None:
+    def __init__(self, num_nodes: int, channels: int, device=None, fresh: bool = False) -> None:
         super().__init__()
+        self.fresh = fresh
         self.register_buffer("collected", torch.zeros(num_nodes, channels, device=device), persistent=False)
-        self.register_buffer("applied", torch.zeros(num_nodes, channels, device=device), persistent=False)
+        if not fresh:
+            self.register_buffer("applied", torch.zeros(num_nodes, channels, device=device), persistent=False)
 
     def collect(self, halo_rows: Tensor, index: Tensor) -> Tensor:
         """Return ``halo_rows`` ``(h, d)`` made differentiable; their gradient is summed into row ``index``."""
@@ -62,11 +85,15 @@ class HaloGradients(nn.Module):
         return halo_rows
 
     def apply(self, h: Tensor, index: Tensor) -> Tensor:
-        """Return ``h`` ``(n, d)`` whose backward also carries last epoch's gradient of rows ``index``."""
+        """Return ``h`` ``(n, d)`` whose backward also carries the gradient of rows ``index``: last epoch's, or with
+        ``fresh`` what has been collected for them when this backward runs."""
+        if self.fresh:
+            return _AddRowsAtBackward.apply(h, self.collected, index)
         return _AddToGrad.apply(h, self.applied[index])
 
     @torch.no_grad()
     def next_epoch(self) -> None:
-        """Make this epoch's collected gradients the ones applied in the next epoch."""
-        self.applied.copy_(self.collected)
+        """Make this epoch's collected gradients the ones applied in the next epoch (``fresh``: drop them)."""
+        if not self.fresh:
+            self.applied.copy_(self.collected)
         self.collected.zero_()

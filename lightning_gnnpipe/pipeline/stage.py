@@ -56,7 +56,8 @@ class GNNStage(nn.Module):
         history_dtype: Dtype of the history tables (default: torch's default dtype); rows read from them are cast
             to the embeddings' dtype.
         halo_gradients: ``"detach"`` drops the gradient that reaches halo rows (GNNAutoScale);
-            ``"stale"`` applies it to the owner chunk one epoch later (PipeGCN).
+            ``"stale"`` applies it to the owner chunk one epoch later (PipeGCN); ``"fresh"`` in the same epoch where
+            the owner's backward comes later (the rows read historical), else drops it (``history/halo_grad.py``).
         carry_x0: Whether some block of the model takes the initial embedding ``x0``.
         activation_checkpointing: Recompute each block's forward in the backward pass
             (``torch.utils.checkpoint``): between a chunk's forward and backward the stage keeps only every
@@ -102,8 +103,8 @@ class GNNStage(nn.Module):
         check_halo_gradients(halo_gradients, "GNNStage")
         self.partitions = partitions if partitions is not None else PartitionExchange()
         if self.partitions.size > 1 and halo_gradients != "detach":
-            raise ValueError("GNNStage: `halo_gradients='stale'` is not supported with hybrid parallelism "
-                             f"({self.partitions.size} partitions; got 'stale'). Use 'detach'.")
+            raise ValueError(f"GNNStage: `halo_gradients={halo_gradients!r}` is not supported with hybrid parallelism "
+                             f"({self.partitions.size} partitions). Use 'detach'.")
         if 0 in layer_ids and x is None:
             raise ValueError("GNNStage: the stage that owns layer 0 needs the node features `x` (got None).")
         self.blocks = nn.ModuleList(blocks)
@@ -138,8 +139,9 @@ class GNNStage(nn.Module):
             if layer > 0 and self.runner.uses_graph[j]:
                 self.histories[str(layer)] = History(num_nodes, dims[layer], device=device, momentum=history_momentum,
                                                      dtype=history_dtype, **rows)
-                if halo_gradients == "stale":
-                    self.halo_grads[str(layer)] = HaloGradients(num_nodes, dims[layer], device=device)
+                if halo_gradients != "detach":
+                    self.halo_grads[str(layer)] = HaloGradients(num_nodes, dims[layer], device=device,
+                                                                fresh=halo_gradients == "fresh")
 
     @property
     def input_widths(self) -> List[int]:
@@ -187,7 +189,7 @@ class GNNStage(nn.Module):
         table = self.histories[str(layer)]
         pushed = self._pushed[c]  # None: all of the chunk's rows
         table.push(nodes, h) if pushed is None else table.push(nodes[pushed], h[pushed])
-        if str(layer) in self.halo_grads:  # stale halo gradients (one partition only)
+        if str(layer) in self.halo_grads:  # stale or fresh halo gradients (one partition only)
             grads = self.halo_grads[str(layer)]
             out.copy_(grads.collect(table.pull(halo, h.dtype), halo))
             return grads.apply(h, nodes)

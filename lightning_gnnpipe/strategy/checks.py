@@ -77,7 +77,7 @@ def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: i
         ValueError: Unknown ``schedule`` or a ``stages_per_rank`` it does not take
             (:func:`~lightning_gnnpipe.pipeline.schedule.check_schedule`), ``refresh_every`` not an int >= 0,
             ``history_momentum`` outside ``[0, 1)``, unknown ``halo_gradients``, ``graph_parallel_size`` not an
-            int >= 1, ``halo_gradients="stale"`` with hybrid parallelism or a multi-stage schedule, or a
+            int >= 1, ``halo_gradients`` other than ``"detach"`` with hybrid parallelism or a multi-stage schedule, or a
             multi-stage schedule with hybrid parallelism, a ``history_dtype`` that is not a floating-point torch
             dtype or its name, an ``evaluation`` not in :data:`EVALUATIONS`, or ``"graph_parallel"`` with ``G > 1``.
     """
@@ -96,12 +96,12 @@ def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: i
         raise ValueError(f"GNNPipeStrategy: `graph_parallel_size` must be an int >= 1 (got {G!r}).")
     if G > 1 and halo_gradients != "detach":
         raise ValueError(
-            "GNNPipeStrategy: `halo_gradients='stale'` is not supported with `graph_parallel_size` > 1 "
+            f"GNNPipeStrategy: `halo_gradients={halo_gradients!r}` is not supported with `graph_parallel_size` > 1 "
             f"(got graph_parallel_size={G}). Use halo_gradients='detach'."
         )
     if is_multi_stage(name) and halo_gradients != "detach":
         raise ValueError(
-            f"GNNPipeStrategy: `halo_gradients='stale'` is not supported with the multi-stage schedule "
+            f"GNNPipeStrategy: `halo_gradients={halo_gradients!r}` is not supported with the multi-stage schedule "
             f"{name!r} (got halo_gradients={halo_gradients!r}). Use halo_gradients='detach', or "
             "schedule 'gpipe'/'1f1b'."
         )

@@ -70,8 +70,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         history_momentum: Moving-average momentum ``m`` of the tables: a write stores ``m * old + (1 - m) * new``.
         history_dtype: Dtype of the history tables (default ``None``: torch's, float32); ``torch.bfloat16`` or
             ``"bfloat16"`` halves their bytes, and halo rows are then read rounded (docs/results/notes/memory.md).
-        halo_gradients: ``"detach"`` (default) drops gradients that reach halo rows;
-            ``"stale"`` applies them to the owner chunk one epoch later (PipeGCN-style).
+        halo_gradients: ``"detach"`` (default) drops gradients that reach halo rows; ``"stale"`` applies them to the
+            owner chunk one epoch later (PipeGCN-style); ``"fresh"`` in the same epoch, where it comes later.
         log_staleness: Log per epoch ``gnnpipe/stale_edge_fraction`` (edges read historical, per
             layer >= 1), ``gnnpipe/stale_age_epochs`` (their mean age) and, at each periodic refresh,
             ``gnnpipe/drift_layer{l}`` (``||h_hist - h_exact|| / ||h_exact||``).
@@ -103,7 +103,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
     Raises:
         ValueError: Unknown ``schedule``, ``balance`` or ``start_method``, bad ``profile_epoch``, a
             ``stages_per_rank`` the schedule does not take, a ``history_dtype`` that is no float dtype, a
-            multi-stage schedule with ``halo_gradients="stale"`` or ``graph_parallel_size > 1`` (here); bad
+            multi-stage schedule with ``halo_gradients`` not ``"detach"`` or ``graph_parallel_size > 1`` (here); bad
             layouts or a precision other than ``"32-true"`` / ``"bf16-mixed"`` before the process group
             starts (see :func:`~lightning_gnnpipe.strategy.checks.check_layout` and
             :func:`~lightning_gnnpipe.strategy.precision.check_precision`); at setup, a named schedule other than
