@@ -206,7 +206,7 @@ def mode_key(s: dict) -> str:
     """The mode of a spec with its strategy options and a K other than 8 (``gnnpipe_refresh_every1``,
     ``gnnpipe_k2``); its label goes into :data:`LABEL` if it has none."""
     opts = sorted(s.get("strategy", {}).items())
-    key = "_".join([s["mode"], *(k if k == "halo_gradients" else f"{k}{v}" for k, v in opts)]
+    key = "_".join([s["mode"], *(k if (k, v) == ("halo_gradients", "stale") else f"{k}{v}" for k, v in opts)]
                    + ([f"k{s['chunks']}"] if s["mode"] == "gnnpipe" and s["chunks"] != 8 else []))
     if key not in LABEL:
         args = ", ".join(f"{k}={v!r}" for k, v in opts)
