@@ -199,3 +199,44 @@ def test_drift_of_a_hybrid_stage_covers_the_rows_of_every_partition():
     whole = float((old - exact).norm() / exact.norm())  # sqrt(25 / 22)
     assert combine_drift(parts) == {3: pytest.approx(whole)}
     assert combine_drift(parts)[3] != pytest.approx(drift_of(parts[1][3]))
+
+
+def test_fresh_gradients_are_the_ones_collected_when_the_owners_backward_runs():
+    grads = HaloGradients(3, 2, fresh=True)
+    assert not hasattr(grads, "applied")  # one table
+    h = rows([1, 1], [1, 1]).requires_grad_(True)
+    out = grads.apply(h, torch.tensor([2, 0]))  # the owner's forward runs before the others' backward...
+    (grads.collect(rows([0, 0], [0, 0]), torch.tensor([0, 2])) * rows([1, 2], [3, 4])).sum().backward()
+    (out * rows([1, 1], [1, 1])).sum().backward()  # ...and its backward after theirs: it gets their sums
+    assert torch.equal(h.grad, rows([4, 5], [2, 3]))
+    late = grads.collect(rows([0, 0]), torch.tensor([2]))  # after the owner's backward: never applied
+    (late * rows([9, 9])).sum().backward()
+    grads.next_epoch()
+    assert torch.equal(grads.collected, torch.zeros(3, 2))
+
+
+class _State:
+    def __init__(self, fn):
+        self.fn = fn
+
+
+class _Trainer:
+    def __init__(self, epoch=1, step=2, fn="fit", validating=True, sanity_checking=False, max_epochs=5):
+        self.current_epoch, self.global_step, self.state = epoch, step, _State(fn)
+        self.validating, self.sanity_checking, self.max_epochs = validating, sanity_checking, max_epochs
+
+
+def test_a_validation_is_the_refresh_only_in_fit_before_a_due_epoch_in_full_precision():
+    from lightning_gnnpipe.history.lifecycle import HistoryLifecycle
+
+    def lifecycle(refresh_every=2, autocast=False):
+        return HistoryLifecycle([], lambda **kw: None, refresh_every, autocast=autocast)
+
+    assert lifecycle().refreshes_in_evaluation(_Trainer())  # after epoch 1: epoch 2 refreshes
+    assert not lifecycle().refreshes_in_evaluation(_Trainer(epoch=0))  # epoch 1 does not
+    assert not lifecycle(refresh_every=0).refreshes_in_evaluation(_Trainer())
+    assert not lifecycle(autocast=True).refreshes_in_evaluation(_Trainer())
+    assert not lifecycle().refreshes_in_evaluation(_Trainer(fn="validate"))  # trainer.validate(): no fit
+    assert not lifecycle().refreshes_in_evaluation(_Trainer(sanity_checking=True))
+    assert not lifecycle().refreshes_in_evaluation(_Trainer(max_epochs=2))  # no epoch 2 follows
+    assert lifecycle().refreshes_in_evaluation(_Trainer(max_epochs=-1))  # no epoch limit
