@@ -126,7 +126,8 @@ def layer_major_reference(module, data: Data, plan: ChunkPlan, epochs: int, refr
     :func:`chunked_reference`: at layer ``l`` chunk ``c`` reads the rows of the chunks before it as they are this
     epoch (detached), those of the chunks after it from last epoch's values (the table). With
     ``halo_gradients="fresh"`` the rows read from the table pass their gradient straight to the owner chunk's rows of
-    this epoch (their value stays the table's); those read fresh pass none. Returns every epoch's full-graph loss."""
+    this epoch (their value stays the table's), those read fresh pass none, and the chunks go in reverse order in odd
+    epochs. Returns every epoch's full-graph loss."""
     gnn = module.gnn
     if layers is None:
         layers = [partial(gcn_layer, gnn, layer) for layer in range(gnn.num_layers)]
@@ -139,14 +140,15 @@ def layer_major_reference(module, data: Data, plan: ChunkPlan, epochs: int, refr
             tables = exact_inputs(layers, data)
         opt.zero_grad()
         hs, x0 = [data.x[nodes[c]] for c in range(k)], None
+        turn = list(range(k))[::-1] if halo_gradients == "fresh" and epoch % 2 else list(range(k))  # chunk -> turn
         for layer, fn in enumerate(layers):
             out = []
             for c in range(k):
                 mixed = tables[layer].clone()
                 for other in range(k):
-                    if other < c:
+                    if turn[other] < turn[c]:
                         mixed[nodes[other]] = hs[other].detach()
-                    elif other > c and layer > 0 and halo_gradients == "fresh":
+                    elif turn[other] > turn[c] and layer > 0 and halo_gradients == "fresh":
                         mixed[nodes[other]] = mixed[nodes[other]] + hs[other] - hs[other].detach()
                 mixed[nodes[c]] = hs[c]
                 out.append(call_layer(fn, mixed, data.edge_index, x0)[nodes[c]])

@@ -5,11 +5,14 @@ rows is dropped. PipeGCN (Wan et al., ICLR 2022, arXiv 2203.10428) keeps it and 
 (``"stale"``): here, the gradients that reach halo rows of layer ``l`` during epoch ``e`` are summed per node, and in
 epoch ``e + 1`` they are added to the gradient of the owner chunk's input of layer ``l`` during its backward.
 
-``"fresh"`` applies them in the same epoch where the order allows: the schedules run the chunks' backwards in chunk
-order (GPipe, 1F1B), so when chunk ``c`` runs its backward through layer ``l``, the chunks before it have already
-sent theirs for ``c``'s rows, the rows they read historical (``c`` had not yet written them this epoch). Those are
-added; the gradients of rows read fresh (by later chunks, after ``c``'s backward) are dropped. With exact tables
-(``refresh_every=1``, one step per epoch) the first part is exactly the full-graph gradient along those edges.
+``"fresh"`` applies them in the same epoch where the order allows: the schedules run the chunks' backwards in the
+order of their forwards (GPipe, 1F1B), so when chunk ``c`` runs its backward through layer ``l``, the chunks before
+it have already sent theirs for ``c``'s rows, the rows they read historical (``c`` had not yet written them this
+epoch). Those are added; the gradients of rows read fresh (by later chunks, after ``c``'s backward) are dropped. The
+chunks then run in reverse order in odd epochs (:class:`~lightning_gnnpipe.pipeline.runtime.PipelineRuntime`), so
+each cut edge's gradient is added every second epoch, in one direction one epoch and in the other the next. With
+exact tables (``refresh_every=1``, one step per epoch) what is added is exactly the full-graph gradient along those
+edges.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from torch import Tensor, nn
 HALO_GRADIENTS = ("detach", "stale", "fresh")
 """What a halo row's gradient does: ``"detach"`` (dropped, GNNPipe's default), ``"stale"`` (applied to its owner
 one epoch later) or ``"fresh"`` (applied to its owner in the same epoch if its backward has not run yet, else
-dropped), :class:`HaloGradients`."""
+dropped; the chunk order alternates by epoch), :class:`HaloGradients`."""
 
 
 def check_halo_gradients(value: object, owner: str) -> None:

@@ -107,6 +107,7 @@ class PipelineRuntime:
         self.partitions = PartitionExchange(plan, layout.graph_parallel_size, layout.partition_index,
                                             layout.partition_group, stats, device)
         self.chunk_ids = self.partitions.chunks(plan.num_chunks)  # this pipeline's micro-batches, in order
+        self.alternate = halo_gradients == "fresh"  # odd epochs run them in reverse (history/halo_grad.py)
         carry_x0 = any(takes_x0(b) for b in blocks)
         self.stages: List[GNNStage] = []
         for i in layout.stage_ids:
@@ -174,6 +175,8 @@ class PipelineRuntime:
     def step(self, full_loss: Callable, chunk_loss: Callable) -> Tuple[Tensor, Any]:
         """Run one training step (every chunk forward and backward); return the logits and the loss output.
 
+        The chunks run in order; with ``halo_gradients="fresh"`` in reverse order in odd epochs.
+
         Args:
             full_loss: ``full_loss(logits (|V|, C)) -> (loss, output)``: the user's ``training_step`` (loss modes
                 ``"deferred"`` and ``"separable"``; in the latter it is called once per chunk and must not log).
@@ -185,7 +188,8 @@ class PipelineRuntime:
         """
         assert self.schedule is not None and self.recorder is not None
         lay = self.layout
-        ids = torch.tensor(self.chunk_ids)  # on the CPU: stages and loss read the chunk id without a device sync
+        odd = self.alternate and self.stages[0].epoch % 2 == 1
+        ids = torch.tensor(self.chunk_ids[::-1] if odd else self.chunk_ids)  # on the CPU: read without a device sync
         args = (self.first_input,) if self.first_input is not None else ()
         kwargs: Dict[str, Any] = {"chunk_id": ids}
         if self.loss is not None:
