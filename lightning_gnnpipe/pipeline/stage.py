@@ -57,7 +57,8 @@ class GNNStage(nn.Module):
             to the embeddings' dtype.
         halo_gradients: ``"detach"`` drops the gradient that reaches halo rows (GNNAutoScale);
             ``"stale"`` applies it to the owner chunk one epoch later (PipeGCN); ``"fresh"`` in the same epoch where
-            the owner's backward comes later (the rows read historical), else drops it (``history/halo_grad.py``).
+            the owner's backward comes later (the rows read historical), else drops it; the runtime reverses the
+            chunk order in odd epochs (``history/halo_grad.py``).
         carry_x0: Whether some block of the model takes the initial embedding ``x0``.
         activation_checkpointing: Recompute each block's forward in the backward pass
             (``torch.utils.checkpoint``): between a chunk's forward and backward the stage keeps only every

@@ -71,7 +71,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         history_dtype: Dtype of the history tables (default ``None``: torch's, float32); ``torch.bfloat16`` or
             ``"bfloat16"`` halves their bytes, and halo rows are then read rounded (docs/results/notes/memory.md).
         halo_gradients: ``"detach"`` (default) drops gradients that reach halo rows; ``"stale"`` applies them to the
-            owner chunk one epoch later (PipeGCN-style); ``"fresh"`` in the same epoch, where it comes later.
+            owner chunk one epoch later (PipeGCN-style); ``"fresh"`` in the same epoch, odd epochs in reverse order.
         log_staleness: Log per epoch ``gnnpipe/stale_edge_fraction`` (edges read historical, per
             layer >= 1), ``gnnpipe/stale_age_epochs`` (their mean age) and, at each periodic refresh,
             ``gnnpipe/drift_layer{l}`` (``||h_hist - h_exact|| / ||h_exact||``).
