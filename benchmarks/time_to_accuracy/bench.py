@@ -169,6 +169,7 @@ def spread_specs(records: List[dict]) -> List[dict]:
     out.append(spec(SMALL, "ressage8", "mlp"))
     out += [spec(SMALL, model, m) for model in ("ressage8", "gcnii16") for m in ("exact", "gnnpipe")]
     out.append(spec(SMALL, "gcnii16", "gnnpipe", strategy=EXACT_FORWARD))  # the option for deep models
+    out.append(spec(SMALL, "gcnii16", "gnnpipe", epochs=4, rate=r100, strategy=EXACT_FORWARD))  # its epoch at 100
     for s in out:
         s["graph"] = SPREAD.as_dict()
     return out
