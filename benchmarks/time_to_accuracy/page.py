@@ -447,7 +447,8 @@ SPREAD_INTRO = (
     "own rows, misses that. The cause is not pinned down: the 8 chunks' halos hold 2.4 |V| rows against 0.94 |V| on "
     "the page's graph, but fewer chunks, with smaller halos, do not shorten the training step (K = 2: 0.81 |V| halo "
     "rows, 10.12 s; K = 4: 1.7 |V|, 10.85 s; K = 8: 9.28 s; 2 epochs, second timed). GCNII-16's accuracy gap is "
-    "larger here (-9.51 points with the defaults, one seed).")
+    "larger here with the defaults (-9.51 points, one seed); with `refresh_every=1, halo_gradients=\"fresh\"` it is "
+    "-0.23.")
 
 
 def spread_lines(records: List[dict], rates: Dict[int, dict],
