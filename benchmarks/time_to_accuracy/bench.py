@@ -98,7 +98,8 @@ def accuracy_specs() -> List[dict]:
     out += [spec(SMALL, "gcnii16", "gnnpipe", lr_schedule="cosine", strategy={"history_momentum": 0.5})]
     # the exact forward (refresh_every=1, no forward beside validation's) with the gradients of the rows read
     # historical delivered in the same epoch: both seeds
-    return out + [spec(SMALL, "gcnii16", "gnnpipe", seed=seed, strategy=EXACT_FORWARD) for seed in (0, 1)]
+    out += [spec(SMALL, "gcnii16", "gnnpipe", seed=seed, strategy=EXACT_FORWARD) for seed in (0, 1)]
+    return out + [spec(SMALL, "ressage8", "gnnpipe", strategy=EXACT_FORWARD)]  # and on the shallower model
 
 
 def large_specs() -> List[dict]:
