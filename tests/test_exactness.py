@@ -5,7 +5,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule
-from tests.helpers import ChunkLossGCN, GCNModule, fit, losses, sbm_graph
+from tests.helpers import ChunkLossGCN, GCNModule, MetricRecorder, fit, losses, sbm_graph
 from tests.reference import chunked_reference
 
 EPOCHS = 5
@@ -133,6 +133,26 @@ def test_gcnii_stale_halo_gradients_equal_sequential_reference(tmp_path, graph, 
     ranks = fit(str(tmp_path), GCNIIModule(16, 32, 4, 4), dm, devices=2,
                 strategy=GNNPipeStrategy(halo_gradients="stale", refresh_every=refresh_every), epochs=EPOCHS)
     torch.testing.assert_close(losses(ranks[1]), ref, atol=1e-6, rtol=0)
+
+
+class ShrinkWeights(Callback):
+    """Scale every weight by 0.8 at each epoch's end, after its validation."""
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        with torch.no_grad():
+            for p in pl_module.parameters():
+                p.mul_(0.8)
+
+
+def test_weights_changed_after_the_validation_get_their_own_refresh(tmp_path, graph):
+    """A callback changes the weights after the validation that wrote the tables: the next epoch refreshes again
+    (the same training as without validation, where every refresh runs at the epoch's start)."""
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+    run = lambda name, **kw: losses(fit(str(tmp_path / name), GCNModule(16, 32, 4, 4), dm, devices=2,  # noqa: E731
+                                        strategy=GNNPipeStrategy(refresh_every=1), epochs=EPOCHS,
+                                        callbacks=[MetricRecorder(str(tmp_path / name)), ShrinkWeights()], **kw)[1])
+    without = run("without", limit_val_batches=0)
+    torch.testing.assert_close(run("with"), without, atol=1e-6, rtol=0)
 
 
 def test_refresh_every_epoch_trains_on_the_exact_forward(tmp_path, graph):

@@ -19,8 +19,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 
 from lightning_gnnpipe.history.history import drift_of
 from lightning_gnnpipe.nn.stack import eval_mode
@@ -47,7 +48,7 @@ class HistoryLifecycle:
                  autocast: bool = False) -> None:
         self.stages, self.full_forward, self.autocast = list(stages), full_forward, autocast
         self.refresh_every, self.log_staleness, self.stale_stats = refresh_every, log_staleness, stale_stats
-        self._refreshed: Optional[Tuple[int, int, Dict[int, float]]] = None  # (epoch, step, drift) of an early one
+        self._refreshed: Optional[tuple] = None  # (epoch, step, drift, weights used) of a refresh run in validation
 
     def refresh(self) -> Dict[int, float]:
         """Refill every stage's history tables with an exact no-grad full-graph forward (a collective).
@@ -90,12 +91,22 @@ class HistoryLifecycle:
         The validation of a fit runs the exact forward of the weights the next epoch starts from; with a refresh
         due there (:meth:`refreshes_in_evaluation`), this one forward serves both: it returns the logits
         ``(|V|, C)`` on every rank and writes the tables. :meth:`before_epoch` of that epoch then skips its own
-        forward while the optimizer step count (``trainer.global_step``, the same on every rank) is unchanged,
-        so the weights are the same.
+        forward if the optimizer step count (``trainer.global_step``, the same on every rank) is unchanged and every
+        stage's parameters still equal the ones this forward used (a callback may swap in averaged weights for
+        validation, or change them at the epoch's end).
         """
         logits, drift = self._refresh()
-        self._refreshed = (trainer.current_epoch + 1, trainer.global_step, drift)
+        used = [p.detach().clone() for stage in self.stages for p in stage.parameters()]
+        self._refreshed = (trainer.current_epoch + 1, trainer.global_step, drift, used)
         return logits
+
+    def _same_weights(self, used: List[Tensor]) -> bool:
+        """Whether every rank's stage parameters equal ``used`` (a collective: the same answer on every rank)."""
+        now = [p for stage in self.stages for p in stage.parameters()]
+        same = len(now) == len(used) and all(torch.equal(a.detach(), b) for a, b in zip(now, used))
+        gathered: List[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, same)
+        return all(gathered)
 
     def before_epoch(self, epoch: int, log: Optional[Callable[[str, float], None]] = None,
                      step: Optional[int] = None) -> None:
@@ -105,14 +116,14 @@ class HistoryLifecycle:
             epoch: The epoch that starts.
             log: ``log(name, value)`` for the metrics (the LightningModule's ``log``, once per epoch).
             step: The optimizer steps taken so far (``trainer.global_step``, the same on every rank): a refresh
-                that :meth:`refresh_in_evaluation` ran at this ``(epoch, step)`` is not run again (its
-                ``gnnpipe/refresh_seconds`` is then 0).
+                that :meth:`refresh_in_evaluation` ran at this ``(epoch, step)`` with the same weights is not run
+                again (its ``gnnpipe/refresh_seconds`` is then about 0).
         """
         early, self._refreshed = self._refreshed, None
         if self.due(epoch):
             start = time.perf_counter()
-            if early is not None and early[:2] == (epoch, step):  # no optimizer step since: the same weights
-                drift = early[2]
+            if early is not None and early[:2] == (epoch, step) and self._same_weights(early[3]):
+                drift = early[2]  # the validation's forward was this refresh
             else:
                 drift = self.refresh()
             seconds = time.perf_counter() - start
