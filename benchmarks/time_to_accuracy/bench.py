@@ -61,7 +61,7 @@ EPOCHS = 30
 SMALL, LARGE = 300_000, 1_000_000
 TUNED = {"schedule": "gpipe"}  # GNNPipe's tuned option under a link (the link part)
 GLIBC_HEAP = {"huge_pages": False, "heap_mmap_threshold": None}  # glibc's own heap in the ranks: faster, larger
-TUNED_ACCURACY = {"halo_gradients": "stale"}  # GNNPipe's tuned option for GCNII-16's accuracy (the accuracy part)
+TUNED_ACCURACY = {"halo_gradients": "stale"}  # the option docs/choosing.md names for deep GCNII on Tolokers
 
 
 def spec(nodes: int, model: str, mode: str, seed: int = 0, epochs: int = EPOCHS, validate: bool = True,

@@ -5,9 +5,9 @@ tables. Around that core this module runs, once per epoch and on every rank:
 
 * an optional exact refresh (every ``refresh_every`` epochs, and at the start of fit unless the tables were
   restored from a checkpoint): one no-grad full-graph forward writes every layer's exact input into its table and
-  measures the drift ``||h_hist - h_exact|| / ||h_exact||`` first. When the validation just before a due refresh
-  ran that same forward (same weights: no optimizer step since), it wrote the tables
-  (:meth:`HistoryLifecycle.refresh_in_evaluation`) and the refresh costs no second forward;
+  measures the drift ``||h_hist - h_exact|| / ||h_exact||`` first. The validation just before a due refresh runs
+  that forward and writes the tables (:meth:`HistoryLifecycle.refresh_in_evaluation`); the refresh then costs no
+  second forward unless the weights changed since (checked on every rank);
 * the epoch switch of each stage (:meth:`~lightning_gnnpipe.pipeline.stage.GNNStage.next_epoch`: NodeDropout's
   masks, stale halo gradients);
 * the staleness metrics ``gnnpipe/stale_edge_fraction``, ``gnnpipe/stale_age_epochs`` (epochs), and with a refresh
