@@ -46,10 +46,12 @@ def reference_weights(graph, plan, **options) -> State:
     return module.state_dict()
 
 
-def trained_weights(directory: Path, dm, devices: int, strategy) -> State:
-    """Parameters after ``EPOCHS`` SGD steps with ``strategy`` on ``devices`` forked ranks (collective checkpoint)."""
+def trained_weights(directory: Path, dm, devices: int, strategy, validate: bool = False) -> State:
+    """Parameters after ``EPOCHS`` SGD steps with ``strategy`` on ``devices`` forked ranks (collective checkpoint);
+    with ``validate`` a validation after every epoch."""
     fit(str(directory), SGDChunkLossGCN(*MODEL, lr=LR), dm, devices=devices, strategy=strategy, epochs=EPOCHS,
-        limit_val_batches=0, callbacks=[MetricRecorder(str(directory)), SaveWeights(directory / "weights.ckpt")])
+        limit_val_batches=1 if validate else 0,
+        callbacks=[MetricRecorder(str(directory)), SaveWeights(directory / "weights.ckpt")])
     return _trained(directory / "weights.ckpt")
 
 
@@ -128,6 +130,10 @@ def test_fresh_halo_gradients_sgd_parameters_equal_the_reference(tmp_path, graph
     trained = trained_weights(tmp_path, dm, 2, GNNPipeStrategy(schedule=schedule, halo_gradients="fresh",
                                                                refresh_every=refresh_every))
     assert_equal_to_reference(trained, expected)
+    if refresh_every:  # the validations that are the refreshes train the same
+        validated = trained_weights(tmp_path / "validated", dm, 2, GNNPipeStrategy(
+            schedule=schedule, halo_gradients="fresh", refresh_every=refresh_every), validate=True)
+        assert_equal_to_reference(validated, expected)
 
 
 @pytest.mark.parametrize("schedule,G", [("gpipe", 1), ("1f1b", 1), ("1f1b", 2)])
