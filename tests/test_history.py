@@ -240,3 +240,26 @@ def test_a_validation_is_the_refresh_only_in_fit_before_a_due_epoch_in_full_prec
     assert not lifecycle().refreshes_in_evaluation(_Trainer(sanity_checking=True))
     assert not lifecycle().refreshes_in_evaluation(_Trainer(max_epochs=2))  # no epoch 2 follows
     assert lifecycle().refreshes_in_evaluation(_Trainer(max_epochs=-1))  # no epoch limit
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_gradient_tables_for_boundary_nodes_only_hand_the_same_gradients(fresh):
+    """With a row map (rows for nodes 1 and 3 of 5) the tables are 3 rows (2 boundary nodes + a zero row), and the
+    owner's gradient is the one of full ``(|V|, d)`` tables: nodes without a row get nothing added."""
+    row_of = torch.tensor([-1, 0, -1, 1, -1])
+    full, mapped = HaloGradients(5, 2, fresh=fresh), HaloGradients(5, 2, fresh=fresh, row_of=row_of)
+    assert mapped.collected.shape == (3, 2)
+    got = []
+    for grads in (full, mapped):
+        h = rows([1, 1], [1, 1], [1, 1], [1, 1]).requires_grad_(True)
+        out = grads.apply(h, torch.tensor([3, 0, 1, 4]))  # nodes 0 and 4 have no row
+        (grads.collect(rows([0, 0], [0, 0], [0, 0]), torch.tensor([3, 1, 3])) * rows([1, 2], [3, 4], [5, 6])).sum() \
+            .backward()
+        if not fresh:
+            grads.next_epoch()
+            out = grads.apply(h, torch.tensor([3, 0, 1, 4]))
+        (out * rows([1, 1], [1, 1], [1, 1], [1, 1])).sum().backward()
+        got.append(h.grad)
+    assert torch.equal(got[0], got[1])
+    assert torch.equal(got[1], rows([7, 9], [1, 1], [4, 5], [1, 1]))  # node 3: 1 + 1 + 5, node 1: 1 + 3
+    assert torch.equal(mapped.collected[-1], torch.zeros(2))  # the zero row stays zero

@@ -17,6 +17,8 @@ edges.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor, nn
 
@@ -66,33 +68,54 @@ class HaloGradients(nn.Module):
     """Per-node gradient tables of one layer's input: collected this epoch, applied next epoch (``fresh=False``) or
     at the owner chunk's backward in this one (``fresh=True``: one table, no ``applied``).
 
+    Args:
+        num_nodes: ``|V|``.
+        channels: ``d``, the layer's input width.
+        device: Device of the tables.
+        fresh: Apply the gradients in the epoch they are collected in (one table).
+        row_of: Table row of each node ``(|V|,)``, ``-1`` for a node that no chunk reads as a halo row (as the
+            stage's history tables keep rows for the boundary nodes alone); the tables then hold one row per
+            boundary node and one zero row that the other nodes read. Default: a row for every node.
+
     Shapes:
-        ``collected``, ``applied``: ``(|V|, d)``.
+        ``collected``, ``applied``: ``(R + 1, d)`` with ``R`` boundary nodes, or ``(|V|, d)`` without ``row_of``.
     """
 
-    def __init__(self, num_nodes: int, channels: int, device=None, fresh: bool = False) -> None:
+    def __init__(self, num_nodes: int, channels: int, device=None, fresh: bool = False,
+                 row_of: Optional[Tensor] = None) -> None:
         super().__init__()
         self.fresh = fresh
-        self.register_buffer("collected", torch.zeros(num_nodes, channels, device=device), persistent=False)
+        rows = num_nodes
+        self.row_of: Optional[Tensor] = None
+        if row_of is not None:  # nodes without a row (-1) read the last row, a zero one that nothing collects into
+            rows = int(row_of.max()) + 2 if row_of.numel() else 1
+            self.row_of = row_of  # the stage's, shared by its tables
+        self.register_buffer("collected", torch.zeros(rows, channels, device=device), persistent=False)
         if not fresh:
-            self.register_buffer("applied", torch.zeros(num_nodes, channels, device=device), persistent=False)
+            self.register_buffer("applied", torch.zeros(rows, channels, device=device), persistent=False)
+
+    def _rows(self, index: Tensor) -> Tensor:
+        return index if self.row_of is None else self.row_of[index]  # -1: the last row, the zero one
 
     def collect(self, halo_rows: Tensor, index: Tensor) -> Tensor:
-        """Return ``halo_rows`` ``(h, d)`` made differentiable; their gradient is summed into row ``index``."""
+        """Return ``halo_rows`` ``(h, d)`` made differentiable; their gradient is summed into the row of node
+        ``index`` (every one of them a boundary node: one that has a row)."""
         halo_rows = halo_rows.detach().requires_grad_(True)
+        rows = self._rows(index)
 
         def hook(grad: Tensor) -> None:
-            self.collected.index_add_(0, index, grad.to(self.collected.dtype))
+            self.collected.index_add_(0, rows, grad.to(self.collected.dtype))
 
         halo_rows.register_hook(hook)
         return halo_rows
 
     def apply(self, h: Tensor, index: Tensor) -> Tensor:
-        """Return ``h`` ``(n, d)`` whose backward also carries the gradient of rows ``index``: last epoch's, or with
+        """Return ``h`` ``(n, d)`` whose backward also carries the gradient of nodes ``index``: last epoch's, or with
         ``fresh`` what has been collected for them when this backward runs."""
+        rows = self._rows(index)
         if self.fresh:
-            return _AddRowsAtBackward.apply(h, self.collected, index)
-        return _AddToGrad.apply(h, self.applied[index])
+            return _AddRowsAtBackward.apply(h, self.collected, rows)
+        return _AddToGrad.apply(h, self.applied[rows])
 
     @torch.no_grad()
     def next_epoch(self) -> None:

@@ -142,7 +142,8 @@ class GNNStage(nn.Module):
                                                      dtype=history_dtype, **rows)
                 if halo_gradients != "detach":
                     self.halo_grads[str(layer)] = HaloGradients(num_nodes, dims[layer], device=device,
-                                                                fresh=halo_gradients == "fresh")
+                                                                fresh=halo_gradients == "fresh",
+                                                                row_of=rows.get("row_of"))
 
     @property
     def input_widths(self) -> List[int]:
