@@ -129,3 +129,31 @@ def test_device_graph_keeps_named_attributes_on_the_host():
     assert graph.x.device.type == "cpu"  # the caller's Data is not moved
     whole = dm.device_graph("meta")
     assert whole.edge_index.device.type == "meta" and whole.x.device.type == "meta"
+
+
+@pytest.mark.parametrize("alternating", [False, True])
+def test_stale_read_stats_equal_a_simulated_epoch(alternating):
+    """Fraction and mean age of the rows read historical, against a simulation: chunks run one per time step
+    (``1 / K`` epoch each), in order, or reversed every odd epoch; a read of a row its chunk has not written this
+    epoch is historical, and its age is the time since its chunk wrote it in the epoch before."""
+    from lightning_gnnpipe.data.order import stale_read_stats
+
+    graph = sbm_graph(num_nodes=120)
+    plan = build_chunk_plan(graph.edge_index, graph.num_nodes, 4)
+    k, src, dst = plan.num_chunks, plan.part[graph.edge_index[0]], plan.part[graph.edge_index[1]]
+    for epoch in (1, 2):  # an odd epoch, then an even one
+        orders = [list(range(k))[::-1] if alternating and e % 2 else list(range(k)) for e in (epoch - 1, epoch)]
+        written = {c: epoch - 1 + orders[0].index(c) / k for c in range(k)}  # time of each chunk's write before
+        stale, ages = 0, []
+        for s, d in zip(src.tolist(), dst.tolist()):
+            now_s, now_d = orders[1].index(s), orders[1].index(d)
+            if now_s > now_d:  # the source's chunk runs later this epoch: its row is last epoch's
+                stale += 1
+                ages.append(epoch + now_d / k - written[s])
+        expected = (stale / src.numel(), sum(ages) / len(ages))
+        got = stale_read_stats(plan, graph.edge_index, reverse=alternating and epoch % 2 == 1,
+                               alternating=alternating)
+        assert got == pytest.approx(expected)
+    if alternating:  # the odd epoch reads the other direction of the cut edges, its rows younger on average
+        fwd, rev = (stale_read_stats(plan, graph.edge_index, reverse=r, alternating=True) for r in (False, True))
+        assert fwd != pytest.approx(rev)

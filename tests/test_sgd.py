@@ -130,6 +130,9 @@ def test_fresh_halo_gradients_sgd_parameters_equal_the_reference(tmp_path, graph
     trained = trained_weights(tmp_path, dm, 2, GNNPipeStrategy(schedule=schedule, halo_gradients="fresh",
                                                                refresh_every=refresh_every))
     assert_equal_to_reference(trained, expected)
+    logged = [(m["gnnpipe/stale_edge_fraction"], m["gnnpipe/stale_age_epochs"]) for m in read_metrics(tmp_path)]
+    assert logged == [pytest.approx(dm.stale_read_stats(reverse=e % 2 == 1, alternating=True)) for e in range(EPOCHS)]
+    assert logged[0] != pytest.approx(logged[1])  # the order alternates, and with it the rows read historical
     if refresh_every:  # the validations that are the refreshes train the same
         validated = trained_weights(tmp_path / "validated", dm, 2, GNNPipeStrategy(
             schedule=schedule, halo_gradients="fresh", refresh_every=refresh_every), validate=True)

@@ -132,9 +132,11 @@ class GraphChunkDataModule(LightningDataModule):
             return self.device_graph(device, getattr(strategy, "graph_on_host", ()))
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
-    def stale_read_stats(self) -> Tuple[float, float]:
-        """``(fraction of edges read historical, mean age in epochs)`` per layer >= 1 (see ``data/order.py``)."""
-        return stale_read_stats(self.plan, self.data.edge_index, self.num_parts)
+    def stale_read_stats(self, reverse: bool = False, alternating: bool = False) -> Tuple[float, float]:
+        """``(fraction of edges read historical, mean age in epochs)`` per layer >= 1 in an epoch that runs the chunks
+        in order (``reverse``: in reverse order; ``alternating``: the epoch before ran the other order), see
+        :func:`~lightning_gnnpipe.data.order.stale_read_stats`."""
+        return stale_read_stats(self.plan, self.data.edge_index, self.num_parts, reverse, alternating)
 
     def _loader(self) -> DataLoader:
         return DataLoader([self.data], batch_size=None, collate_fn=_identity)

@@ -64,22 +64,35 @@ def greedy_chunk_order(plan: ChunkPlan, edge_index: Tensor, num_parts: int = 1) 
     return order
 
 
-def stale_read_stats(plan: ChunkPlan, edge_index: Tensor, num_parts: int = 1) -> Tuple[float, float]:
-    """Return ``(stale_fraction, mean_age)`` of halo reads per layer (layers >= 1) in chunk order.
+def stale_read_stats(plan: ChunkPlan, edge_index: Tensor, num_parts: int = 1, reverse: bool = False,
+                     alternating: bool = False) -> Tuple[float, float]:
+    """Return ``(stale_fraction, mean_age)`` of halo reads per layer (layers >= 1) in one epoch's chunk order.
 
     With ``num_parts = G > 1`` (hybrid), chunk ``c`` runs in slot ``c // G`` and rows of chunks of the
     same slot arrive by halo exchange (fresh), so a read is stale when the source's slot is later.
 
-    ``stale_fraction``: edges whose source is read historical, over all edges (unitless).
-    ``mean_age``: mean age of those rows when read, in epochs (a row of chunk ``c'`` read by chunk
-    ``c < c'`` was written ``(K - c' + c) / K`` epochs earlier). ``0.0`` if nothing is stale.
+    Args:
+        plan: The chunk plan (chunk ``c`` runs ``c``-th, or in slot ``c // G``).
+        edge_index: Edges ``(2, |E|)``, source row first.
+        num_parts: ``G``.
+        reverse: The epoch runs the chunks in reverse order (the odd epochs of ``halo_gradients="fresh"``).
+        alternating: The epoch before ran them in the other order (``halo_gradients="fresh"``).
+
+    Returns:
+        ``stale_fraction``: edges whose source is read historical (its chunk runs later in the epoch), over all
+        edges (unitless). ``mean_age``: mean age of those rows when read, in epochs: a row written at position ``q``
+        of the epoch before and read at position ``p`` is ``1 + (p - q) / K`` epochs old (in one fixed order, a row
+        of chunk ``c'`` read by chunk ``c < c'`` was written ``(K - c' + c) / K`` epochs earlier). ``0.0`` if nothing
+        is stale.
     """
     if edge_index.numel() == 0:
         return 0.0, 0.0
+    k = plan.num_chunks // num_parts
     src, dst = plan.part[edge_index[0]] // num_parts, plan.part[edge_index[1]] // num_parts
-    stale = src > dst
+    now = (lambda s: k - 1 - s) if reverse else (lambda s: s)  # noqa: E731  (slot -> position in this epoch)
+    before = (lambda s: k - 1 - now(s)) if alternating else now  # noqa: E731  (... in the epoch before)
+    stale = now(src) > now(dst)
     if not bool(stale.any()):
         return 0.0, 0.0
-    k = plan.num_chunks // num_parts
-    age = (k - src[stale] + dst[stale]).double() / k
+    age = 1 + (now(dst[stale]) - before(src[stale])).double() / k
     return float(stale.double().mean()), float(age.mean())

@@ -38,13 +38,14 @@ class HistoryLifecycle:
         full_forward: The exact forward through all stages (a collective over the pipeline).
         refresh_every: Refresh every this many epochs (0: never).
         log_staleness: Log the staleness metrics.
-        stale_stats: ``(fraction of edges read historical, their mean age in epochs)`` of the chunk order.
+        stale_stats: Per epoch parity (one entry, or two when the chunk order alternates): ``(fraction of edges read
+            historical, their mean age in epochs)``; epoch ``e`` logs ``stale_stats[e % len(stale_stats)]``.
         autocast: Whether evaluation runs under autocast (``bf16-mixed``); a refresh runs in full precision, so
             then no evaluation doubles as one (:meth:`refreshes_in_evaluation`).
     """
 
     def __init__(self, stages: Sequence[nn.Module], full_forward: FullForward, refresh_every: int = 0,
-                 log_staleness: bool = True, stale_stats: Tuple[float, float] = (0.0, 0.0),
+                 log_staleness: bool = True, stale_stats: Sequence[Tuple[float, float]] = ((0.0, 0.0),),
                  autocast: bool = False) -> None:
         self.stages, self.full_forward, self.autocast = list(stages), full_forward, autocast
         self.refresh_every, self.log_staleness, self.stale_stats = refresh_every, log_staleness, stale_stats
@@ -134,8 +135,9 @@ class HistoryLifecycle:
         for stage in self.stages:
             stage.next_epoch(epoch)
         if self.log_staleness and log is not None:
-            log("gnnpipe/stale_edge_fraction", self.stale_stats[0])
-            log("gnnpipe/stale_age_epochs", self.stale_stats[1])
+            fraction, age = self.stale_stats[epoch % len(self.stale_stats)]
+            log("gnnpipe/stale_edge_fraction", fraction)
+            log("gnnpipe/stale_age_epochs", age)
 
 
 def combine_drift(parts: Sequence[Dict[int, Tuple[float, float]]]) -> Dict[int, float]:

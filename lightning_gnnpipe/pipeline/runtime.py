@@ -172,6 +172,11 @@ class PipelineRuntime:
         )
         self.recorder = PipelineRecorder(self.schedule, self.stats, self.device)
 
+    def stale_stats(self, datamodule: Any) -> List[Tuple[float, float]]:
+        """Per epoch parity, ``datamodule.stale_read_stats(reverse, alternating)``: one entry, two when the chunk order
+        alternates (``halo_gradients="fresh"``)."""
+        return [datamodule.stale_read_stats(bool(odd), self.alternate) for odd in range(1 + self.alternate)]
+
     def step(self, full_loss: Callable, chunk_loss: Callable) -> Tuple[Tensor, Any]:
         """Run one training step (every chunk forward and backward); return the logits and the loss output.
 

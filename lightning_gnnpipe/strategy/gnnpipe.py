@@ -217,7 +217,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             self.stage_index, self._pp_group, self.root_device, runtime.boundary_dtype != x.dtype, self._dims, virtual)
         check_stage_widths(runtime.widths, self._pp_group)
         self._history = HistoryLifecycle(runtime.stages, runtime.full_forward, self.refresh_every, self.log_staleness,
-                                         trainer.datamodule.stale_read_stats(), runtime.boundary_dtype != x.dtype)
+                                         runtime.stale_stats(trainer.datamodule), runtime.boundary_dtype != x.dtype)
         if trainer.state.fn == TrainerFn.FITTING:
             self._loss = UserLoss(self.lightning_module, stack.module, runtime.stages[-1].graph.nodes)
             batch = self.batch_to_device(trainer.datamodule.data)
