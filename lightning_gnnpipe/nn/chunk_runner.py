@@ -93,8 +93,13 @@ class ChunkRunner:
 
     def node_wise(self, j: int, h: Tensor, ids: Tensor, epoch: int, h0: Optional[Tensor] = None) -> Tensor:
         """Run node-wise block ``j`` on rows ``h`` ``(n, d)`` of the nodes ``ids`` ``(n,)``."""
+        return self.node_wise_block(self.blocks[j], h, ids, epoch, h0)
+
+    def node_wise_block(self, block: nn.Module, h: Tensor, ids: Tensor, epoch: int,
+                        h0: Optional[Tensor] = None) -> Tensor:
+        """Run a node-wise ``block`` on rows ``h`` ``(n, d)`` of the nodes ``ids`` ``(n,)``."""
         with node_rows(ids, epoch):
-            return call_block(self.blocks[j], h, self._no_edges, h0)
+            return call_block(block, h, self._no_edges, h0)
 
     def run(self, h: Tensor, h0: Optional[Tensor], c: int, epoch: int,
             halo: HaloFill) -> Tuple[Tensor, Optional[Tensor]]:

@@ -30,6 +30,7 @@ from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
 from lightning_gnnpipe.nn.gcn_norm import norm_keys
 from lightning_gnnpipe.nn.stack import takes_x0
 from lightning_gnnpipe.pipeline.boundary import BoundaryCast
+from lightning_gnnpipe.pipeline.initial_embedding import InitialEmbeddingSync, recomputes_x0
 from lightning_gnnpipe.pipeline.loss import PipelineLoss
 from lightning_gnnpipe.pipeline.recorder import PipelineRecorder
 from lightning_gnnpipe.pipeline.schedule import build_schedule
@@ -109,6 +110,10 @@ class PipelineRuntime:
         self.chunk_ids = self.partitions.chunks(plan.num_chunks)  # this pipeline's micro-batches, in order
         self.alternate = halo_gradients == "fresh"  # odd epochs run them in reverse (history/halo_grad.py)
         carry_x0 = any(takes_x0(b) for b in blocks)
+        # GCNII's x0: computed on each stage from the features (block 0's weights and gradients cross), not sent
+        local_x0 = recomputes_x0(blocks, x, len(stage_layers), layout.graph_parallel_size)
+        self.x0_sync = InitialEmbeddingSync(blocks[0], layout.stage_position[0], layout.position,
+                                            layout.pipeline_group, stats) if local_x0 else None
         self.stages: List[GNNStage] = []
         for i in layout.stage_ids:
             own = [blocks[layer] for layer in stage_layers[i]]
@@ -116,9 +121,11 @@ class PipelineRuntime:
                                       chunks=self.partitions.graph_chunks(plan.num_chunks),
                                       **chunk_graph_options(own, autocast=self.boundary_dtype != x.dtype))
             self.partitions.broadcast(own)  # every pipeline takes partition 0's weights
-            self.stages.append(GNNStage(own, stage_layers[i], dims, graph, x=x if 0 in stage_layers[i] else None,
+            self.stages.append(GNNStage(own, stage_layers[i], dims, graph,
+                                        x=x if 0 in stage_layers[i] or local_x0 else None,
                                         history_momentum=history_momentum, halo_gradients=halo_gradients,
                                         history_dtype=history_dtype, carry_x0=carry_x0, partitions=self.partitions,
+                                        x0_block=blocks[0] if local_x0 else None,
                                         stage_index=i, activation_checkpointing=activation_checkpointing))
         # The first stage reads its chunks' rows from `x` itself (GNNStage): the schedule gets one placeholder row
         # per micro-batch, not a padded copy of the features.
@@ -201,7 +208,11 @@ class PipelineRuntime:
             self.loss.reset(full_loss=full_loss, chunk_loss=chunk_loss)
             kwargs.update(target=ids, return_outputs=False)
         self.recorder.begin()
+        if self.x0_sync is not None:
+            self.x0_sync.weights()
         self.schedule.step(*args, **kwargs)
+        if self.x0_sync is not None:
+            self.x0_sync.gradients()
         if self.loss is not None:
             logits = self.loss.logits()
         else:
@@ -222,6 +233,8 @@ class PipelineRuntime:
         """
         lay, n, h = self.layout, self.num_nodes, None
         rank_of = lay.global_ranks
+        if self.x0_sync is not None:
+            self.x0_sync.weights()
         outputs: tuple = ()
         for i, stage in zip(lay.stage_ids, self.stages):
             if i == 0:

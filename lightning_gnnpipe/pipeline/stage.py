@@ -32,6 +32,7 @@ from lightning_gnnpipe.data.chunk_graph import ChunkGraph
 from lightning_gnnpipe.history.halo_grad import HaloGradients, check_halo_gradients
 from lightning_gnnpipe.history.history import History
 from lightning_gnnpipe.nn.chunk_runner import ChunkRunner
+from lightning_gnnpipe.nn.stack import takes_x0
 
 BOUNDARY_ROWS = 0.9
 """Tables keep rows for the boundary nodes alone (a row map) when they are at most this fraction of ``|V|``: on real
@@ -60,6 +61,8 @@ class GNNStage(nn.Module):
             the owner's backward comes later (the rows read historical), else drops it; the runtime reverses the
             chunk order in odd epochs (``history/halo_grad.py``).
         carry_x0: Whether some block of the model takes the initial embedding ``x0``.
+        x0_block: Block 0 on this rank, when every stage computes ``x0`` from the features itself instead of sending
+            it (:mod:`~lightning_gnnpipe.pipeline.initial_embedding`); then ``x`` is needed here too.
         activation_checkpointing: Recompute each block's forward in the backward pass
             (``torch.utils.checkpoint``): between a chunk's forward and backward the stage keeps only every
             block's input ``(n_c + h_c, d)``, not the block's intermediate tensors. Results are identical.
@@ -73,7 +76,8 @@ class GNNStage(nn.Module):
         stage_index: The (virtual) stage index, recorded on errors raised in :meth:`forward` (:data:`STAGE_ERROR`).
 
     Raises:
-        ValueError: ``halo_gradients`` unknown, ``"stale"`` with ``G > 1``, or layer 0 here without ``x``.
+        ValueError: ``halo_gradients`` unknown, ``"stale"`` with ``G > 1``, or layer 0 or ``x0_block`` here without
+            ``x``.
         RuntimeError: The partition exchange delivers rows this stage keeps no table row for.
 
     Shapes:
@@ -81,7 +85,7 @@ class GNNStage(nn.Module):
         ``h`` (any shape; the pipeline passes one placeholder row) and reads its chunk's rows of ``x``. When a
         block takes ``x0`` (GCNII), the initial embedding ``h0`` ``(M, dims[1])`` (block 0's
         output) travels beside ``h``: every stage but the first also receives it and every stage
-        but the last also returns it.
+        but the last also returns it; not with ``x0_block``.
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class GNNStage(nn.Module):
         history_dtype: Optional[torch.dtype] = None,
         halo_gradients: str = "detach",
         carry_x0: bool = False,
+        x0_block: Optional[nn.Module] = None,
         activation_checkpointing: bool = False,
         partitions: Optional[PartitionExchange] = None,
         stage_index: int = 0,
@@ -106,8 +111,9 @@ class GNNStage(nn.Module):
         if self.partitions.size > 1 and halo_gradients != "detach":
             raise ValueError(f"GNNStage: `halo_gradients={halo_gradients!r}` is not supported with hybrid parallelism "
                              f"({self.partitions.size} partitions). Use 'detach'.")
-        if 0 in layer_ids and x is None:
-            raise ValueError("GNNStage: the stage that owns layer 0 needs the node features `x` (got None).")
+        if (0 in layer_ids or x0_block is not None) and x is None:
+            raise ValueError("GNNStage: the stage that owns layer 0, or computes `x0` with `x0_block`, needs the node "
+                             "features `x` (got None).")
         self.blocks = nn.ModuleList(blocks)
         self.layer_ids = list(layer_ids)
         self.graph = graph
@@ -117,6 +123,8 @@ class GNNStage(nn.Module):
         self.carry_x0 = carry_x0
         self.x0_channels = dims[1]
         self.is_first, self.is_last = layer_ids[0] == 0, layer_ids[-1] == len(dims) - 2
+        self.sends_x0 = carry_x0 and x0_block is None  # x0 crosses the boundaries (else each stage computes it)
+        self.x0_block = x0_block if carry_x0 and not self.is_first and any(takes_x0(b) for b in blocks) else None
         self.epoch = 0  # keys NodeDropout's masks (next_epoch)
         self.chunks = self.partitions.chunks(graph.num_chunks)
         self.runner = ChunkRunner(blocks, layer_ids, graph, x=x, chunks=self.chunks, carry_x0=carry_x0,
@@ -148,16 +156,16 @@ class GNNStage(nn.Module):
     @property
     def input_widths(self) -> List[int]:
         """Width of each tensor this stage receives (``h``, then ``h0`` when carried)."""
-        return [self.in_channels] + ([self.x0_channels] if self.carry_x0 and not self.is_first else [])
+        return [self.in_channels] + ([self.x0_channels] if self.sends_x0 and not self.is_first else [])
 
     @property
     def output_widths(self) -> List[int]:
         """Width of each tensor this stage returns (``h``, then ``h0`` when carried)."""
-        return [self.out_channels] + ([self.x0_channels] if self.carry_x0 and not self.is_last else [])
+        return [self.out_channels] + ([self.x0_channels] if self.sends_x0 and not self.is_last else [])
 
     def _outputs(self, h: Tensor, h0: Optional[Tensor], rows: int):
         pad = lambda t: F.pad(t, (0, 0, 0, rows - t.size(0)))  # noqa: E731
-        if self.carry_x0 and not self.is_last:
+        if self.sends_x0 and not self.is_last:
             return pad(h), pad(h0)
         return pad(h)
 
@@ -171,7 +179,8 @@ class GNNStage(nn.Module):
             c = int(chunk_id.reshape(-1)[0])
             n = self.graph.nodes[c].numel()
             h = self.x[self.graph.nodes[c]] if self.is_first else h[:n]  # the first stage's input: a placeholder
-            h, h0 = self.runner.run(h, carried[0][:n] if carried else None, c, self.epoch, self._fill_halo)
+            h0 = carried[0][:n] if carried else self._x0(self.graph.nodes[c])
+            h, h0 = self.runner.run(h, h0, c, self.epoch, self._fill_halo)
             return self._outputs(h, h0, self.graph.max_chunk_size)
         except Exception as exc:
             try:
@@ -179,6 +188,11 @@ class GNNStage(nn.Module):
             except AttributeError:  # exceptions with __slots__
                 pass
             raise
+
+    def _x0(self, ids: Tensor) -> Optional[Tensor]:
+        """``x0`` ``(len(ids), dims[1])`` of nodes ``ids``, computed here with ``x0_block`` (else ``None``)."""
+        return None if self.x0_block is None else self.runner.node_wise_block(self.x0_block, self.x[ids], ids,
+                                                                               self.epoch)
 
     def _fill_halo(self, layer: int, h: Tensor, c: int, out: Tensor) -> Tensor:
         """GNNPipe's halo rows of ``layer`` for chunk ``c`` (:data:`~lightning_gnnpipe.nn.chunk_runner.HaloFill`).
@@ -236,7 +250,8 @@ class GNNStage(nn.Module):
 
         # every partition computes its own chunks' rows and receives its halo's from their owners before the next
         # layer (no-op with one partition); the last stage's result is then gathered whole
-        h, h0 = self.runner.run_full(h, carried[0] if carried else None, self.epoch, before_layer=refresh,
+        h0 = carried[0] if carried else self._x0(torch.arange(h.size(0), device=h.device))
+        h, h0 = self.runner.run_full(h, h0, self.epoch, before_layer=refresh,
                                      combine=self.partitions.share_halo_rows)
         if self.is_last:
             h = self.partitions.gather_rows(h)

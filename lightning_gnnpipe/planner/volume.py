@@ -6,7 +6,9 @@ time, so a measured epoch must match them exactly (``tests/test_graph_parallel.p
 * GNNPipe, ``S`` stages, ``K`` chunks padded to ``M`` rows: every stage boundary ``b`` of width
   ``d_b`` carries ``K M d_b`` values forward and as many gradients backward; the minimum, without
   padding, is ``|V| d_b`` each way, i.e. ``~ 2 (S-1) |V| d`` for equal widths. The logits
-  ``(|V|, C)`` are broadcast from the last stage to ``S-1`` ranks.
+  ``(|V|, C)`` are broadcast from the last stage to ``S-1`` ranks. A model that carries ``x0`` (GCNII) adds block 0's
+  weights and gradients where the later stages compute ``x0`` (:mod:`~lightning_gnnpipe.pipeline.initial_embedding`:
+  ``weight_allreduce``, not counted here), else ``x0`` beside every boundary's rows.
 * Graph parallelism, ``G`` parts with halos of total size ``H = sum_r |halo_r|``: every
   message-passing layer ``l >= 1`` moves ``H d_l`` values forward and ``H d_l`` gradients
   backward, i.e. ``~ 2 (L-1) H d`` (layer 0 reads the replicated input features); the parts'

@@ -231,8 +231,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             self._loss.loss_mode = choice.loss_mode
             runtime.build_schedule(choice.schedule, choice.loss_mode)
 
-    def _graph_tensors_done(self, data: Any) -> List[Tensor]:  # only stage 0 reads the features in training
-        first = self._runtime is not None and any(stage.is_first for stage in self._runtime.stages)
+    def _graph_tensors_done(self, data: Any) -> List[Tensor]:  # stage 0 reads the features (and a stage making x0)
+        first = self._runtime is not None and any(stage.x is not None for stage in self._runtime.stages)
         return super()._graph_tensors_done(data) + ([] if first else [data.x])
 
     def _training_precision(self, plugin: Precision) -> Precision:
