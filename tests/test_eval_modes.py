@@ -208,6 +208,9 @@ def test_auto_evaluation_weighs_the_bytes_of_both_ways():
     # with x0 beside h (GCNII) the boundary carries 8 x 16 more; a node-wise head adds no exchange
     gcnii = list(find_layer_stack(GCNII(16, 16, 4, num_layers=3, dropout=0.0)).blocks)  # input, 3 layers, output
     assert exchange_bytes_ratio(gcnii, plan, 2, [16] * 5 + [4], [[0, 1, 2], [3, 4]]) == (2 * 16 * 3) / (8 * 32)
+    # ... unless the later stage computes x0 itself
+    assert exchange_bytes_ratio(gcnii, plan, 2, [16] * 5 + [4], [[0, 1, 2], [3, 4]], x0_sent=False) == \
+        (2 * 16 * 3) / (8 * 16)
     # every node in the other group's halo, 8 layers: 8 x 16 x 7 over 8 x 16 -> 7 > AUTO_MAX_BYTES_RATIO
     dense = ChunkPlan(plan.part, plan.nodes, [torch.arange(4, 8), torch.arange(4)], 0.0)
     assert exchange_bytes_ratio([GCNConv(16, 16) for _ in range(8)], dense, 2, [16] * 9,

@@ -31,6 +31,7 @@ from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
 from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
 from lightning_gnnpipe.nn.gcn_norm import norm_keys
 from lightning_gnnpipe.nn.stack import takes_x0, uses_graph
+from lightning_gnnpipe.pipeline.initial_embedding import recomputes_x0
 from lightning_gnnpipe.strategy.allocator import release_shared_pages
 from lightning_gnnpipe.strategy.checks import AUTO_MAX_BYTES_RATIO, resolve_evaluation  # noqa: F401  (its rule)
 from lightning_gnnpipe.strategy.partition_forward import PartitionForward
@@ -38,17 +39,18 @@ from lightning_gnnpipe.strategy.state import sync_stage_tensors
 
 
 def exchange_bytes_ratio(blocks: List[nn.Module], plan: ChunkPlan, num_ranks: int, dims: List[int],
-                         stage_layers: List[List[int]]) -> float:
+                         stage_layers: List[List[int]], x0_sent: bool = True) -> float:
     """Rows x widths the graph-parallel evaluation exchanges, over those the pipelined forward sends (unitless).
 
     Graph-parallel: every group's halo rows (:func:`~lightning_gnnpipe.comm.halo_rows.group_halos` of
     :func:`~lightning_gnnpipe.comm.halo_rows.chunk_groups`) before each message-passing layer ``l >= 1`` (layer 0
     reads the features locally), ``H x sum(d_l)``. Pipelined: ``|V|`` rows of the input width of every virtual stage
-    but the first, plus ``x0``'s width where a later block takes it (GCNII). Weights and logits are left out.
+    but the first, plus ``x0``'s width where a later block takes it (GCNII) and ``x0_sent`` (not where the later
+    stages compute ``x0``, :mod:`~lightning_gnnpipe.pipeline.initial_embedding`). Weights and logits are left out.
     """
     halo = sum(int(h.numel()) for h in group_halos(plan, chunk_groups(plan, num_ranks)))
     split = halo * sum(dims[j] for j, b in enumerate(blocks) if j >= 1 and uses_graph(b))
-    x0 = dims[1] if any(takes_x0(b) for b in blocks) else 0
+    x0 = dims[1] if x0_sent and any(takes_x0(b) for b in blocks) else 0
     piped = plan.num_nodes * sum(dims[layers[0]] + (x0 if layers[0] > 1 else 0) for layers in stage_layers[1:])
     return split / max(piped, 1)
 
@@ -103,7 +105,8 @@ class GraphParallelEvaluation:
         ``stage_layers``: the layers of every virtual stage). Every position but 0, which
         runs the first stage, lets go of the features' pages after each run (``release_features``)."""
         ratio = None if dims is None or stage_layers is None else \
-            (lambda: exchange_bytes_ratio(blocks, plan, num_ranks, dims, stage_layers))
+            (lambda: exchange_bytes_ratio(blocks, plan, num_ranks, dims, stage_layers, not recomputes_x0(
+                blocks, x, len(stage_layers), graph_parallel_size)))
         if resolve_evaluation(evaluation, graph_parallel_size, plan.num_chunks, num_ranks, autocast, ratio) \
                 != "graph_parallel":
             return None
