@@ -37,9 +37,10 @@ AUTO_MAX_BYTES_RATIO = 2.0
 """``"auto"`` evaluates the graph-parallel way only while its halo exchange sends at most this many times the bytes of
 the pipelined forward (:func:`~lightning_gnnpipe.strategy.graph_parallel_eval.exchange_bytes_ratio`): it halves each
 rank's compute, so it pays where compute weighs about as much as the link. On the 300k-node graph of
-``docs/results/time_to_accuracy.md`` (ratio 1.42) it took 0.43x the pipelined evaluation's time on the free link
-(GCNII-16) and 1.03x and 1.11x at the 100 and 10 Gbit/s rates; on its spread graph (ratio 6.47) 62.3 s against 15.2 s
-at the 100 Gbit/s rate."""
+``docs/results/time_to_accuracy.md`` (ratio 1.42, GCNII-16 with ``x0`` sent beside the rows) it took 0.43x the
+pipelined evaluation's time on the free link and 1.03x and 1.11x at the 100 and 10 Gbit/s rates; on its spread graph
+(ratio 6.47) 62.3 s against 15.2 s at the 100 Gbit/s rate. With ``x0`` computed on each stage the pipelined forward
+sends half as much there (ratio 2.83): ``"auto"`` keeps it."""
 
 
 def resolve_evaluation(evaluation: str, graph_parallel_size: int, num_chunks: int, num_stages: int,
