@@ -23,7 +23,8 @@ from tests.precision_helpers import SGDGCN  # noqa: E402
 class PerStageClipping(GNNPipeStrategy):
     """GNNPipe with Lightning's default clipping: each rank clips by its own stage's norm (wrong)."""
 
-    _sharded_gradients = False
+    def _training_precision(self, plugin):
+        return plugin  # Lightning's own plugin: no all-reduce of the squared norms
 
 
 def main() -> None:
