@@ -65,7 +65,10 @@ SETUP = [
     "shaped link the numerics are the same (only transfers are slower), so time to accuracy at R is the free-link "
     "run's epochs times the epoch measured at R. Seconds marked * are the long run's own median epoch (no quiet "
     "2-epoch run of that mode): at 300k those runs may have shared the machine; at 1M they ran alone, except exact "
-    "GCNII-16's, whose first 17 epochs shared it with a test run (its seconds are a quiet 2-epoch run's; below).",
+    "GCNII-16's, whose first 17 epochs shared it with a test run (its seconds are a quiet 2-epoch run's; below). The "
+    "300k GCNII-16 accuracy runs other than the option's seed 0 predate computing `x0` on each stage, which changes "
+    "only the summation order of the input layer's gradient (the option's seed-0 run, made again, gave the same best "
+    "validation accuracy, 0.7565 at epoch 30); their seconds per epoch are the current code's quiet runs.",
     "* 1M rung (`--only large`): the same generator at 1,000,000 nodes and about 20M edges, one seed, free link: "
     "residual GraphSAGE-8 (the MLP, exact, GNNPipe's defaults, graph parallelism) and GCNII-16 (exact, and GNNPipe "
     "with `refresh_every=1, halo_gradients=\"fresh\"`). GCNII-16 under GNNPipe's defaults (which drift at 300k) and "
