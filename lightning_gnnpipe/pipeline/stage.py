@@ -124,7 +124,8 @@ class GNNStage(nn.Module):
         self.x0_channels = dims[1]
         self.is_first, self.is_last = layer_ids[0] == 0, layer_ids[-1] == len(dims) - 2
         self.sends_x0 = carry_x0 and x0_block is None  # x0 crosses the boundaries (else each stage computes it)
-        self.x0_block = x0_block if carry_x0 and not self.is_first and any(takes_x0(b) for b in blocks) else None
+        # kept outside the module tree: block 0 belongs to stage 0, this stage's parameters() must not list it
+        self._x0_block = [x0_block] if carry_x0 and not self.is_first and any(takes_x0(b) for b in blocks) else []
         self.epoch = 0  # keys NodeDropout's masks (next_epoch)
         self.chunks = self.partitions.chunks(graph.num_chunks)
         self.runner = ChunkRunner(blocks, layer_ids, graph, x=x, chunks=self.chunks, carry_x0=carry_x0,
@@ -191,8 +192,7 @@ class GNNStage(nn.Module):
 
     def _x0(self, ids: Tensor) -> Optional[Tensor]:
         """``x0`` ``(len(ids), dims[1])`` of nodes ``ids``, computed here with ``x0_block`` (else ``None``)."""
-        return None if self.x0_block is None else self.runner.node_wise_block(self.x0_block, self.x[ids], ids,
-                                                                               self.epoch)
+        return self.runner.node_wise_block(self._x0_block[0], self.x[ids], ids, self.epoch) if self._x0_block else None
 
     def _fill_halo(self, layer: int, h: Tensor, c: int, out: Tensor) -> Tensor:
         """GNNPipe's halo rows of ``layer`` for chunk ``c`` (:data:`~lightning_gnnpipe.nn.chunk_runner.HaloFill`).
