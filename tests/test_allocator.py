@@ -56,6 +56,46 @@ def test_fixed_threshold_maps_a_chunk_sized_tensor_that_the_default_puts_on_the_
     assert _mapped_bytes("fixed") >= 20 * 2**20  # its own mapping: returned to the OS when freed
 
 
+TRIM_PROBE = textwrap.dedent("""
+    import ctypes, sys
+    import torch
+    from lightning_gnnpipe.strategy.allocator import M_MMAP_THRESHOLD, set_heap_mmap_threshold
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                     "fordblks", "keepcost")]
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = Mallinfo2
+    if sys.argv[1] == "package":
+        assert set_heap_mmap_threshold(16 * 2**20) is None
+    else:  # the mmap threshold alone
+        assert libc.mallopt(M_MMAP_THRESHOLD, 16 * 2**20) == 1
+    t = torch.empty(12 * 2**20, dtype=torch.uint8)  # below the threshold: from the main heap, at its top
+    t.fill_(1)
+    before = libc.mallinfo2().arena
+    del t
+    print(before - libc.mallinfo2().arena)  # bytes the heap handed back to the OS when the block was freed
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2"),
+                    reason="glibc >= 2.33 only")
+def test_fixed_threshold_keeps_freed_heap_top_for_the_next_block():
+    """With the mmap threshold alone, glibc's trim threshold stays at 128 KiB and a freed 12 MiB block at the heap's top
+    goes back to the OS (to be faulted in anew by the next one); the package also fixes the trim threshold at twice
+    the mmap threshold, so the space stays."""
+    def returned(mode):
+        out = subprocess.run([sys.executable, "-c", TRIM_PROBE, mode], capture_output=True, text=True, timeout=120,
+                             cwd=Path(__file__).resolve().parents[1])
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout.split()[-1])
+
+    assert returned("mmap-only") >= 12 * 2**20
+    assert returned("package") == 0
+
+
 def _threshold_calls(tmp_path, monkeypatch, name, **run):
     """Fit in a forked world; return the thresholds its ranks set and the warnings rank 0 gave."""
     log = tmp_path / f"{name}.calls"

@@ -82,7 +82,7 @@ class ChunkRunner:
 
         ``h0``: the inner rows' ``x0`` ``(n_c, d_0)`` for a block that takes it (zero-padded to the local rows).
         """
-        if h0 is not None:
+        if h0 is not None and h0.size(0) != x_local.size(0):
             h0 = F.pad(h0, (0, 0, 0, x_local.size(0) - h0.size(0)))
         if self.activation_checkpointing and torch.is_grad_enabled() and x_local.requires_grad:
             # Keep only the block's input until the backward pass, which runs the block again (same dropout draws:
@@ -143,6 +143,8 @@ class ChunkRunner:
             combine: Applied to each message-passing layer's output (:data:`Combine`).
         """
         g = self.graph
+        every_row = len(self.chunks) == g.num_chunks  # the chunks cover every node: no row of `out` stays unwritten
+        h0_local: dict = {}  # per chunk, x0 of its local rows (zeros for the halo), gathered once for every layer
         for j, layer in enumerate(self.layer_ids):
             if before_layer is not None:
                 before_layer(layer, h)
@@ -151,14 +153,18 @@ class ChunkRunner:
             else:
                 out: Optional[Tensor] = None
                 for c in self.chunks:
-                    nodes, halo = g.nodes[c], g.halo[c]
-                    o = self.call(j, torch.cat([h[nodes], h[halo]]), c, epoch, None if h0 is None else h0[nodes])
+                    nodes = g.nodes[c]
+                    x_local = h.index_select(0, self.local_ids[c])  # inner rows, then halo rows: one copy
+                    if h0 is not None and c not in h0_local:
+                        h0_local[c] = F.pad(h0.index_select(0, nodes), (0, 0, 0, x_local.size(0) - nodes.numel()))
+                    o = self.call(j, x_local, c, epoch, h0_local.get(c))
                     if out is None:
-                        out = o.new_zeros(h.size(0), o.size(-1))
-                    out[nodes] = o[: nodes.numel()]
+                        out = (o.new_empty if every_row else o.new_zeros)(h.size(0), o.size(-1))
+                    out.index_copy_(0, nodes, o[: nodes.numel()])
                 assert out is not None
                 h = combine(out) if combine is not None else out
-            h0 = h if layer == 0 and self.carry_x0 else h0
+            if layer == 0 and self.carry_x0:
+                h0, h0_local = h, {}
         return h, h0
 
 

@@ -32,7 +32,7 @@ from typing import Callable, Dict, Iterable, Iterator, Mapping, Optional
 
 from torch import Tensor
 
-M_MMAP_THRESHOLD = -3  # glibc <malloc.h>
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc <malloc.h>
 
 DEFAULT_HEAP_MMAP_THRESHOLD = 16 * 2**20
 """Bytes: blocks from this size on get their own mapping in every rank (16 MiB)."""
@@ -53,9 +53,13 @@ def check_heap_mmap_threshold(value: object, owner: str) -> Optional[int]:
 
 
 def set_heap_mmap_threshold(nbytes: int) -> Optional[str]:
-    """Fix glibc's ``M_MMAP_THRESHOLD`` of this process to ``nbytes`` (``mallopt``; no dynamic raise afterwards).
+    """Fix glibc's ``M_MMAP_THRESHOLD`` of this process to ``nbytes`` and its ``M_TRIM_THRESHOLD`` to ``2 * nbytes``
+    (``mallopt``; no dynamic raise afterwards).
 
-    For good: glibc keeps no way to read the threshold back, and once fixed it never returns to its dynamic threshold
+    The trim threshold is what glibc's dynamic rule pairs with a threshold of ``nbytes``: the heap keeps up to twice
+    that much free space at its top instead of handing it back (``brk``) and faulting it in again at the next
+    allocation, which the fixed threshold alone would leave at glibc's initial 128 KiB.
+    For good: glibc keeps no way to read the thresholds back, and once fixed they never return to the dynamic ones
     (``mallopt(3)``). The strategies call it only through :func:`apply_heap_mmap_threshold`.
 
     Returns:
@@ -71,6 +75,8 @@ def set_heap_mmap_threshold(nbytes: int) -> Optional[str]:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     if not mallopt(M_MMAP_THRESHOLD, int(nbytes)):
         return f"glibc refused mallopt(M_MMAP_THRESHOLD, {int(nbytes)})"
+    if not mallopt(M_TRIM_THRESHOLD, 2 * int(nbytes)):
+        return f"glibc refused mallopt(M_TRIM_THRESHOLD, {2 * int(nbytes)})"
     return None
 
 
