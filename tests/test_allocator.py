@@ -65,11 +65,20 @@ TRIM_PROBE = MALLINFO + textwrap.dedent("""
         assert set_heap_mmap_threshold(16 * 2**20) is None
     else:  # the mmap threshold alone
         assert libc.mallopt(M_MMAP_THRESHOLD, 16 * 2**20) == 1
-    t = torch.empty(12 * 2**20, dtype=torch.uint8)  # below the threshold: from the main heap, at its top
-    t.fill_(1)
-    before = libc.mallinfo2().arena
-    del t
-    print(before - libc.mallinfo2().arena)  # bytes the heap handed back to the OS when the block was freed
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes, libc.sbrk.restype, libc.sbrk.argtypes = [ctypes.c_void_p], ctypes.c_void_p, [ctypes.c_ssize_t]
+    size, held = 12 * 2**20, []
+    for _ in range(8):  # below the threshold: from the main heap; the first may fill a hole, a later one is its top
+        block = libc.malloc(size)
+        ctypes.memset(block, 1, size)
+        if libc.sbrk(0) - (block + size) < 2**20:
+            break
+        held.append(block)
+    else:
+        raise SystemExit("no block at the heap's top")
+    top = libc.sbrk(0)
+    libc.free(block)
+    print(top - libc.sbrk(0))  # bytes the heap handed back to the OS when the block was freed
 """)
 
 
@@ -77,8 +86,8 @@ TRIM_PROBE = MALLINFO + textwrap.dedent("""
                     reason="glibc >= 2.33 only")
 def test_fixed_threshold_keeps_freed_heap_top_for_the_next_block():
     """With the mmap threshold alone, glibc's trim threshold stays at 128 KiB and a freed 12 MiB block at the heap's top
-    goes back to the OS (to be faulted in anew by the next one); the package also fixes the trim threshold at twice
-    the mmap threshold, so the space stays."""
+    goes back to the OS (``brk``, to be faulted in anew by the next one); the package also fixes the trim threshold at
+    twice the mmap threshold, so the space stays."""
     def returned(mode):
         out = subprocess.run([sys.executable, "-c", TRIM_PROBE, mode], capture_output=True, text=True, timeout=120,
                              cwd=Path(__file__).resolve().parents[1])

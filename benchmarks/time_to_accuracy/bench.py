@@ -200,6 +200,8 @@ def measure(s: dict, timeout_s: float) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="tta-"))
     cmd = [sys.executable, "-m", "benchmarks.time_to_accuracy.worker", json.dumps(s), str(run_dir)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if s["mode"] in ("exact", "mlp"):  # the single process with torch's huge pages, as the strategies' ranks have them
+        env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     load_before = os.getloadavg()[0]
     if s["rate_bits"] is None:
         watch = run_watched(cmd, run_dir / "log.txt", timeout_s, int(1.5 * GIB), ROOT, env=env)

@@ -37,6 +37,43 @@ LABEL_EXACT_FORWARD = "`GNNPipeStrategy(refresh_every=1, halo_gradients=\"fresh\
 SHORT = {"gnnpipe": "GNNPipe", "graph_parallel": "graph parallel", "hybrid": "hybrid 2x2"}
 
 
+SINCE = [
+    "**Three changes postdate these records** (measured side by side on a second 2-core host, two to three times as slow as "
+    "the one of every other figure on this page, so its seconds are not mixed with them):",
+    "",
+    "* The single process ran without torch's transparent huge pages, which the strategies give their ranks; the "
+    "benchmark now starts it with them (`THP_MEM_ALLOC_ENABLE=1`; the cached exact records predate this, `--force` "
+    "measures them again). The exact epoch with them, 2 epochs, second timed: GCNII-16 at 300k 24.2 + 4.2 s against "
+    "27.6 + 4.7 s (-12%), GraphSAGE-8 at 300k 19.2 + 4.9 s against 19.2 + 5.2 s (-1%), GraphSAGE-8 at 1M "
+    "68.4 + 17.9 s against 90.4 + 21.3 s (-23%, as docs/results/notes/memory.md found for its 1M baseline). Where "
+    "the effect on this page's host is the same, its seconds-to-99% ratios to exact are that much too favourable to "
+    "GNNPipe: GraphSAGE-8 at 1M would be about 0.84x, not 0.65x (target 0.7x: missed), and on that host, against "
+    "the single process with huge pages, GNNPipe's 1M GraphSAGE-8 epoch is 0.79x exact's (53.7 + 14.7 s against "
+    "68.4 + 17.9 s; 0.61x against it without them); the GCNII-16 option's 0.84x and 0.81x at 300k would be about "
+    "0.95x and 0.92x, before the two changes below, which shorten its epoch by about as much.",
+    "* A stage's exact forward (validation, refresh) reads each chunk's local rows with one gather per layer instead "
+    "of three copies, gathers `x0` once per chunk for all layers, and writes into an output it does not zero first: "
+    "the two GCNII-16 stages' forward (`THP_MEM_ALLOC_ENABLE=1 python -m benchmarks.time_to_accuracy.validation_probe "
+    "--model gcnii16`, one process, 2 threads, median of 3 per run) took 7.0 and 7.6 s in two runs against 8.8 and "
+    "9.2 s in two runs of the earlier code, alternating; GraphSAGE-8's was unchanged (4.2-4.8 s). That host varies: "
+    "the single process's forward took 3.8 to 6.9 s over the same hour, so only alternating runs are compared.",
+    "* The strategies' fixed 16 MiB mmap threshold now comes with a 32 MiB trim threshold, the pairing glibc's own "
+    "dynamic rule makes: with the threshold alone glibc's trim threshold stayed at 128 KiB, so the heap handed its top "
+    "back to the OS and faulted it in again chunk after chunk.",
+    "",
+    "Together, in a fit (GCNII-16, 300k, free link, 3 epochs, medians of epochs 2 and 3 over 3 runs of each, "
+    "alternating): `GNNPipeStrategy()` 19.7 + 10.4 s against 21.8 + 11.6 s (training + validation; largest rank's "
+    "peak USS 1.67 against 1.59 GiB), `refresh_every=1, halo_gradients=\"fresh\"` 21.1 + 8.0 s against 23.1 + 10.0 s "
+    "(2.61 against 2.58 GiB). The single process's exact epoch on that host is 24.2 + 4.2 s, so there even the "
+    "option's shorter epoch is 1.02x exact's (on this page's host 0.79x, against an exact run without huge pages): that host faults fresh memory in slowly "
+    "(the kernel zeroing pages took 17% of both cores' time in a profile of the defaults' fit), which the ranks' lean "
+    "allocator settings pay for at every chunk-sized tensor. Running each stage's "
+    "layers through one whole-graph adjacency instead of 8 chunks' would take the two stages' forward to 4.9 s (the "
+    "single process's: 3.8-4.0 s), but a one-chunk chunk graph holds 213 MiB per stage at 300k (both CSR directions "
+    "and the edge order, for training), so the forward stays chunked.",
+]
+
+
 SETUP = [
     "```bash",
     "python -m benchmarks.time_to_accuracy.bench              # every run the cache lacks, then this page (root: netns)",
@@ -511,6 +548,7 @@ def write_page(records: List[dict], path: Path, planner: Optional[Dict[tuple, di
     out += answer(derived, summary + spread_summary, rates)
     out += ["Targets, GNNPipe's defaults (and, last, its option for deep models):", "",
             *targets(derived, summary + spread_summary, spread_derived), ""]
+    out += [*SINCE, ""]
     spread_acc = accuracy_sentences(spread_derived)
     if spread_acc:
         out += ["Accuracy on the spread graph ([below](#a-graph-whose-long-range-edges-touch-every-node)): "

@@ -1,13 +1,15 @@
 """Where GNNPipe's exact validation goes, two probes quoted on docs/results/time_to_accuracy.md:
 
     python -m benchmarks.time_to_accuracy.validation_probe             # probes 1 and 2
+    python -m benchmarks.time_to_accuracy.validation_probe --model gcnii16  # probe 2 with GCNII-16
     python -m benchmarks.time_to_accuracy.validation_probe --part fit  # probe 3
     python -m benchmarks.time_to_accuracy.validation_probe --part fit --allocator glibc  # probe 3, glibc's heap
 
 1. A rank waiting in gloo's ``recv`` while the other computes with 2 threads: its CPU seconds (does waiting cost a
    core the computing stage could use?).
-2. The exact forward of residual GraphSAGE-8 on the 300k community graph, in one process with 2 threads: the
-   single process's whole-graph CSR forward against the two GNNPipe stages' ``forward_full`` (K = 8), median of 3.
+2. The exact forward of residual GraphSAGE-8 (``--model gcnii16``: GCNII-16) on the 300k community graph, in one
+   process with 2 threads: the single process's whole-graph CSR forward against the two GNNPipe stages'
+   ``forward_full`` (K = 8), median of 3.
 3. The same in a fit's processes: ``Trainer.validate`` three times under ``GNNPipeStrategy(start_method="popen",
    evaluation="pipeline")`` (2 processes), each rank's ``GNNStage.forward_full`` and ``PipelineRuntime.full_forward``
    seconds, and the stage's CPU seconds in user and kernel mode (``getrusage``). Rank 1, which the strategy starts,
@@ -76,7 +78,8 @@ def _median(fn, reps: int = 3) -> float:
     return statistics.median(out)
 
 
-def forward_probe() -> None:
+def forward_probe(name: str = "ressage8") -> None:
+    from torch_geometric.nn.conv.gcn_conv import gcn_norm
     from torch_geometric.utils import to_torch_csr_tensor
 
     from benchmarks.time_to_accuracy.graph import GraphSpec, community_graph
@@ -92,23 +95,31 @@ def forward_probe() -> None:
     torch.set_num_threads(2)
     data = community_graph(GraphSpec(num_nodes=300_000))
     n = data.num_nodes
-    model = build_model("ressage8", data.num_features, int(data.y.max()) + 1, 0).eval()
-    csr = to_torch_csr_tensor(data.edge_index.flip(0), size=(n, n))
+    model = build_model(name, data.num_features, int(data.y.max()) + 1, 0).eval()
     plan = build_chunk_plan(data.edge_index, n, 8)
     blocks = find_layer_stack(model).blocks
     dims = infer_dims(blocks, data.x[:2])
+    x0 = name == "gcnii16"  # GCNII: the later stage computes x0 with its copy of block 0 (pipeline/initial_embedding)
     stages = []
     for layers in split_layers(len(blocks), 2):
         own = [blocks[i] for i in layers]
         graph = build_chunk_graph(plan, data.edge_index, norm_keys(own), torch.device("cpu"),
                                   **chunk_graph_options(own))
-        stages.append(GNNStage(own, layers, dims, graph, x=data.x if 0 in layers else None))
+        extra = {"carry_x0": True, "x0_block": None if 0 in layers else blocks[0]} if x0 else {}
+        stages.append(GNNStage(own, layers, dims, graph, x=data.x if 0 in layers or x0 else None, **extra))
     with torch.no_grad():
-        exact = _median(lambda: model(data.x, csr))
         h = stages[0].forward_full(data.x)
         first = _median(lambda: stages[0].forward_full(data.x))
-        last = _median(lambda: stages[1].forward_full(h))
-    print(f"forward probe: whole-graph CSR forward {exact:.2f} s; GNNPipe stage 0 {first:.2f} s + stage 1 "
+        last = _median(lambda: stages[1].forward_full(*(h if isinstance(h, tuple) else (h,))))
+        if x0:  # the benchmark's exact mode: gcn_norm baked into the CSR values once
+            for conv in (m for m in model.modules() if hasattr(m, "normalize")):
+                conv.normalize = False
+            ei, weight = gcn_norm(data.edge_index, None, n, add_self_loops=True)
+            csr = to_torch_csr_tensor(ei.flip(0), weight, size=(n, n))
+        else:
+            csr = to_torch_csr_tensor(data.edge_index.flip(0), size=(n, n))
+        exact = _median(lambda: model(data.x, csr))
+    print(f"forward probe ({name}): whole-graph CSR forward {exact:.2f} s; GNNPipe stage 0 {first:.2f} s + stage 1 "
           f"{last:.2f} s = {first + last:.2f} s (2 threads, one process)", flush=True)
 
 
@@ -152,6 +163,8 @@ def fit_probe(allocator: str = "default") -> None:
 if __name__ == "__main__":
     if sys.argv[1:3] == ["--part", "fit"]:
         fit_probe("glibc" if sys.argv[3:] == ["--allocator", "glibc"] else "default")
+    elif sys.argv[1:2] == ["--model"]:
+        forward_probe(sys.argv[2])
     else:
         mp.spawn(_rank, args=(_free_port(),), nprocs=2)
         forward_probe()

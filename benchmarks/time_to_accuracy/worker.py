@@ -8,7 +8,9 @@ cosine annealing to 0 over ``epochs``, stepped once per epoch; default constant)
 arguments of the strategy). Modes:
 
 * ``exact``: one process, 2 threads (``threads``), a plain PyTorch loop on a CSR adjacency (the best single-process
-  baseline; GCNII's normalisation baked into the values); ``mlp`` the same loop without the graph;
+  baseline; GCNII's normalisation baked into the values; :func:`~benchmarks.time_to_accuracy.bench.measure` starts
+  it with torch's huge pages, ``THP_MEM_ALLOC_ENABLE=1``, as the strategies start their ranks); ``mlp`` the same loop
+  without the graph;
 * ``gnnpipe``: ``Trainer(devices=2, strategy=GNNPipeStrategy(**strategy))``, ``GraphChunkDataModule(num_chunks=K)``;
 * ``graph_parallel``: ``Trainer(devices=2, strategy=GraphParallelStrategy())``, ``num_chunks=2``;
 * ``hybrid``: ``Trainer(devices=4, strategy=GNNPipeStrategy(graph_parallel_size=2))``, ``num_chunks=K, num_parts=2``.
