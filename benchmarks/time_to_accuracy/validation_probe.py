@@ -79,11 +79,9 @@ def _median(fn, reps: int = 3) -> float:
 
 
 def forward_probe(name: str = "ressage8") -> None:
-    from torch_geometric.nn.conv.gcn_conv import gcn_norm
-    from torch_geometric.utils import to_torch_csr_tensor
-
     from benchmarks.time_to_accuracy.graph import GraphSpec, community_graph
     from benchmarks.time_to_accuracy.models import build_model
+    from benchmarks.time_to_accuracy.worker import exact_adjacency
     from lightning_gnnpipe import build_chunk_plan, find_layer_stack
     from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
     from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
@@ -111,13 +109,7 @@ def forward_probe(name: str = "ressage8") -> None:
         h = stages[0].forward_full(data.x)
         first = _median(lambda: stages[0].forward_full(data.x))
         last = _median(lambda: stages[1].forward_full(*(h if isinstance(h, tuple) else (h,))))
-        if x0:  # the benchmark's exact mode: gcn_norm baked into the CSR values once
-            for conv in (m for m in model.modules() if hasattr(m, "normalize")):
-                conv.normalize = False
-            ei, weight = gcn_norm(data.edge_index, None, n, add_self_loops=True)
-            csr = to_torch_csr_tensor(ei.flip(0), weight, size=(n, n))
-        else:
-            csr = to_torch_csr_tensor(data.edge_index.flip(0), size=(n, n))
+        csr = exact_adjacency(model, name, data)  # the benchmark's exact mode (after the stages: it changes the convs)
         exact = _median(lambda: model(data.x, csr))
     print(f"forward probe ({name}): whole-graph CSR forward {exact:.2f} s; GNNPipe stage 0 {first:.2f} s + stage 1 "
           f"{last:.2f} s = {first + last:.2f} s (2 threads, one process)", flush=True)

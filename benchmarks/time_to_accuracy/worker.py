@@ -95,22 +95,25 @@ def sent_bytes(row: dict) -> Optional[float]:
     return sum(kinds) if kinds else None
 
 
+def exact_adjacency(model: torch.nn.Module, name: str, data):
+    """The whole graph's CSR adjacency ``(|V|, |V|)`` the single process aggregates with; for GCNII-16 with the
+    full-graph ``gcn_norm`` baked into its values once (and the model's convs told not to normalise again)."""
+    n = data.num_nodes
+    if name != "gcnii16":
+        return to_torch_csr_tensor(data.edge_index.flip(0), size=(n, n))
+    for conv in (m for m in model.modules() if hasattr(m, "normalize")):
+        conv.normalize = False
+    ei, weight = gcn_norm(data.edge_index, None, n, add_self_loops=True)
+    return to_torch_csr_tensor(ei.flip(0), weight, size=(n, n))
+
+
 def run_plain(spec: dict, data) -> List[dict]:
     """``exact`` / ``mlp``: one process (``threads`` intra-op threads, default 2), one full-graph Adam step and one
     exact evaluation per epoch."""
     torch.set_num_threads(spec.get("threads", 2))
     name = "mlp" if spec["mode"] == "mlp" else spec["model"]
     model = build_model(name, data.num_features, int(data.y.max()) + 1, spec["seed"])
-    n = data.num_nodes
-    if spec["mode"] == "mlp":
-        graph = None
-    elif spec["model"] == "gcnii16":  # full-graph gcn_norm baked into the values once
-        for conv in (m for m in model.modules() if hasattr(m, "normalize")):
-            conv.normalize = False
-        ei, weight = gcn_norm(data.edge_index, None, n, add_self_loops=True)
-        graph = to_torch_csr_tensor(ei.flip(0), weight, size=(n, n))
-    else:
-        graph = to_torch_csr_tensor(data.edge_index.flip(0), size=(n, n))
+    graph = None if spec["mode"] == "mlp" else exact_adjacency(model, spec["model"], data)
     run = (lambda: model(data.x)) if graph is None else (lambda: model(data.x, graph))
     opt = torch.optim.Adam(model.parameters(), lr=spec.get("lr", LEARNING_RATE[name]))
     sched = lr_scheduler(opt, spec.get("lr_schedule"), spec["epochs"])

@@ -11,6 +11,9 @@ A fixed threshold keeps the heap small, but every chunk-sized tensor is then a f
 advises its CPU blocks of 2 MiB and more as transparent huge pages when its environment variable
 ``THP_MEM_ALLOC_ENABLE=1`` is set at the start of the process; then a fault maps 2 MiB at once. The strategies set it
 for the ranks they start (``huge_pages``); with it, the threshold changed neither epoch time nor memory on that graph.
+With the threshold glibc's trim threshold is fixed too, at twice it (glibc's own pairing): left at its initial 128 KiB,
+the heap hands its top back to the OS and faults it in again chunk after chunk (GCNII-16 at 300k nodes: training
+step 10% longer).
 Measured figures, with the commands: ``docs/results/notes/memory.md``.
 
 Both settings last as long as the process: torch reads ``THP_MEM_ALLOC_ENABLE`` when it starts, and glibc can neither
