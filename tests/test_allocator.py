@@ -45,8 +45,9 @@ PROBE = MALLINFO + textwrap.dedent("""
 """)
 
 
-def _mapped_bytes(mode: str) -> int:
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=120,
+def _mapped_bytes(mode: str, probe: str = PROBE) -> int:
+    """Run ``probe`` in a fresh interpreter with argument ``mode``; return the bytes it prints last."""
+    out = subprocess.run([sys.executable, "-c", probe, mode], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 0, out.stderr
     return int(out.stdout.split()[-1])
@@ -88,14 +89,8 @@ def test_fixed_threshold_keeps_freed_heap_top_for_the_next_block():
     """With the mmap threshold alone, glibc's trim threshold stays at 128 KiB and a freed 12 MiB block at the heap's top
     goes back to the OS (``brk``, to be faulted in anew by the next one); the package also fixes the trim threshold at
     twice the mmap threshold, so the space stays."""
-    def returned(mode):
-        out = subprocess.run([sys.executable, "-c", TRIM_PROBE, mode], capture_output=True, text=True, timeout=120,
-                             cwd=Path(__file__).resolve().parents[1])
-        assert out.returncode == 0, out.stderr
-        return int(out.stdout.split()[-1])
-
-    assert returned("mmap-only") >= 12 * 2**20
-    assert returned("package") < 12 * 2**20
+    assert _mapped_bytes("mmap-only", TRIM_PROBE) >= 12 * 2**20
+    assert _mapped_bytes("package", TRIM_PROBE) < 12 * 2**20
 
 
 def _threshold_calls(tmp_path, monkeypatch, name, **run):

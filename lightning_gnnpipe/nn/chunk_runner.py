@@ -80,7 +80,8 @@ class ChunkRunner:
     def call(self, j: int, x_local: Tensor, c: int, epoch: int, h0: Optional[Tensor] = None) -> Tensor:
         """Run message-passing block ``j`` on chunk ``c``'s local rows ``(n_c + h_c, d)``; at least ``n_c`` rows out.
 
-        ``h0``: the inner rows' ``x0`` ``(n_c, d_0)`` for a block that takes it (zero-padded to the local rows).
+        ``h0``: the inner rows' ``x0`` ``(n_c, d_0)`` for a block that takes it (zero-padded to the local rows), or
+        already the local rows' ``(n_c + h_c, d_0)``.
         """
         if h0 is not None and h0.size(0) != x_local.size(0):
             h0 = F.pad(h0, (0, 0, 0, x_local.size(0) - h0.size(0)))
@@ -144,7 +145,6 @@ class ChunkRunner:
         """
         g = self.graph
         every_row = len(self.chunks) == g.num_chunks  # the chunks cover every node: no row of `out` stays unwritten
-        h0_local: dict = {}  # per chunk, x0 of its local rows (zeros for the halo), gathered once for every layer
         for j, layer in enumerate(self.layer_ids):
             if before_layer is not None:
                 before_layer(layer, h)
@@ -155,16 +155,15 @@ class ChunkRunner:
                 for c in self.chunks:
                     nodes = g.nodes[c]
                     x_local = h.index_select(0, self.local_ids[c])  # inner rows, then halo rows: one copy
-                    if h0 is not None and c not in h0_local:
-                        h0_local[c] = F.pad(h0.index_select(0, nodes), (0, 0, 0, x_local.size(0) - nodes.numel()))
-                    o = self.call(j, x_local, c, epoch, h0_local.get(c))
+                    # x0 of the local rows, the halo's too (not zeros: x0 is mixed row by row, and the halo rows'
+                    # outputs are dropped), so that no padded copy is made
+                    o = self.call(j, x_local, c, epoch, None if h0 is None else h0.index_select(0, self.local_ids[c]))
                     if out is None:
                         out = (o.new_empty if every_row else o.new_zeros)(h.size(0), o.size(-1))
                     out.index_copy_(0, nodes, o[: nodes.numel()])
                 assert out is not None
                 h = combine(out) if combine is not None else out
-            if layer == 0 and self.carry_x0:
-                h0, h0_local = h, {}
+            h0 = h if layer == 0 and self.carry_x0 else h0
         return h, h0
 
 
