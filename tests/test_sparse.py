@@ -9,13 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.testing import assert_close
-from torch_geometric.nn import (GAT, GCN, GIN, EdgeConv, GATConv, GATv2Conv, GCN2Conv, GCNConv, GINConv,
+from torch_geometric.nn import (GAT, GCN, GIN, DeepGCNLayer, EdgeConv, GATConv, GATv2Conv, GCN2Conv, GCNConv, GINConv,
                                 GINEConv, GraphConv, GraphSAGE, PNAConv, SAGEConv)
 from torch_geometric.utils import add_self_loops
 
 from lightning_gnnpipe import build_chunk_plan
 from lightning_gnnpipe.data.adjacency import build_adjacency, build_chunk_adjacency, to_adj_t
 from lightning_gnnpipe.nn.dropout import NodeDropout, node_rows
+from lightning_gnnpipe.nn.gcnii import GCNIILayer
 from lightning_gnnpipe.nn.gcn_norm import full_graph_norm, norm_key, normalized_convs, precomputed_norm
 from lightning_gnnpipe.nn.sparse import rectangular_output, sparse_aggregation, sparse_capable
 from lightning_gnnpipe.nn.stack import BasicGNNLayer, call_block
@@ -188,6 +189,32 @@ def test_residual_block_is_square_and_matches(chunks, name):
     check(Residual(SQUARE_CONVS[name](), p=0.4), chunks, rectangular=False)  # NodeDropout keyed by n_local rows
 
 
+@pytest.mark.parametrize("block", ["res+", "res", "dense", "plain"])
+@pytest.mark.parametrize("conv", ["sage_mean", "gcn"])
+def test_deep_gcn_layer_is_rectangular_and_matches(chunks, block, conv):
+    torch.manual_seed(9)
+    layer = DeepGCNLayer(SQUARE_CONVS[conv](), nn.LayerNorm(D), nn.ReLU(), block=block)
+    assert rectangular_output(layer)
+    check(layer, chunks, rectangular=True)  # the residual adds the input's inner rows (its forward swapped, restored)
+    layer.dropout = 0.3
+    check(layer.eval(), chunks, rectangular=True)
+
+
+def test_deep_gcn_layer_square_when_checkpointing_or_batch_norm_trains(chunks):
+    torch.manual_seed(10)
+    layer = DeepGCNLayer(SAGEConv(D, D), nn.LayerNorm(D), nn.ReLU(), block="res+", ckpt_grad=True)
+    assert not rectangular_output(layer)  # its checkpoint reruns the conv after the sparse forward is restored
+    layer.eval()
+    with torch.no_grad():  # (checkpoint's reentrant backward refuses autograd.grad: compare outputs only)
+        for ch in chunks:
+            x = torch.randn(ch.n_local, D)
+            out, call = _sparse(layer, ch, x, None)
+            assert call.rectangular
+            assert_close(out, _edge_list(layer, ch, x, None), **TOL)
+    layer = DeepGCNLayer(SAGEConv(D, D), nn.BatchNorm1d(D), nn.ReLU(), block="res+")
+    check(layer, chunks, rectangular=False)
+
+
 BASIC = {
     "gcn": lambda **kw: GCN(D, 24, num_layers=3, out_channels=8, **kw),
     "sage": lambda **kw: GraphSAGE(D, 24, num_layers=3, out_channels=8, **kw),
@@ -232,6 +259,19 @@ def test_basic_gnn_norms(chunks, norm, kwargs, train_rect, eval_rect):
     check(layer, chunks, rectangular=train_rect, dtype=torch.float64)
     gnn.eval()
     check(layer, chunks, rectangular=eval_rect, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("p,per_node,train,rect", [
+    (0.0, False, True, True),
+    (0.5, True, True, False),  # NodeDropout on the input's local rows: their ids must be declared, so square
+    (0.5, True, False, True),
+    (0.5, False, False, True),
+])
+def test_gcnii_layer_rectangular_unless_node_dropout_trains(chunks, p, per_node, train, rect):
+    torch.manual_seed(8)
+    layer = GCNIILayer(D, alpha=0.1, theta=0.5, layer=3, dropout=p, node_dropout=per_node).train(train)
+    assert rectangular_output(layer) is rect
+    check(layer, chunks, rectangular=rect)
 
 
 def test_node_dropout_in_rectangular_layer_keys_inner_ids(chunks):

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import MessagePassing
 
@@ -52,7 +53,8 @@ class ChunkCaller:
             c: The chunk.
             rows: Global node id of each local row ``(n_c + h_c,)``.
             epoch: Keys NodeDropout's masks.
-            h0: The initial embedding of the local rows, for blocks that take ``x0`` (GCNII).
+            h0: The initial embedding of the inner rows ``(n_c, d_0)`` (or of the local rows), for blocks that take
+                ``x0`` (GCNII); zero-padded here to the rows the block computes.
 
         Returns:
             At least ``n_c`` rows, the first ``n_c`` the inner nodes' outputs (the caller keeps those).
@@ -64,14 +66,22 @@ class ChunkCaller:
             assert g.adjacency is not None and g.norm_adjacency is not None
             with sparse_aggregation(self.block, ei, g.adjacency[c], g.norm_adjacency[c]) as call, \
                     node_rows(rows[:call.out_rows], epoch):
-                return call_block(self.block, x_local, ei, h0)
+                return call_block(self.block, x_local, ei, _padded(h0, call.out_rows))
         if g.compacted:  # its edge lists were dropped: the edge-list path would aggregate over nothing
             raise RuntimeError(
                 f"GNNPipe: block {type(self.block).__name__} takes the edge-list path (autocast on: "
                 f"{torch.is_autocast_enabled(x_local.device.type)}), but its chunk graph was built compact, for the "
                 "sparse path only. Build it with chunk_graph_options(blocks, autocast=True) under autocast.")
         with precomputed_norm(self.norm_convs, g.norm_edges[c]), node_rows(rows, epoch):
-            return call_block(self.block, x_local, ei, h0)
+            return call_block(self.block, x_local, ei, _padded(h0, x_local.size(0)))
+
+
+def _padded(h0: Optional[Tensor], rows: int) -> Optional[Tensor]:
+    """``x0`` of the inner rows ``(n_c, d_0)``, zero-padded to the ``rows`` the block computes (a GCNII layer mixes
+    ``x0`` row by row, so the halo rows' zeros never reach an inner output)."""
+    if h0 is None or h0.size(0) >= rows:
+        return h0
+    return F.pad(h0, (0, 0, 0, rows - h0.size(0)))
 
 
 def chunk_graph_options(blocks: List[nn.Module], autocast: bool = False) -> Dict[str, bool]:

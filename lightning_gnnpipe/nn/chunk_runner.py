@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -80,11 +79,9 @@ class ChunkRunner:
     def call(self, j: int, x_local: Tensor, c: int, epoch: int, h0: Optional[Tensor] = None) -> Tensor:
         """Run message-passing block ``j`` on chunk ``c``'s local rows ``(n_c + h_c, d)``; at least ``n_c`` rows out.
 
-        ``h0``: the inner rows' ``x0`` ``(n_c, d_0)`` for a block that takes it (zero-padded to the local rows), or
-        already the local rows' ``(n_c + h_c, d_0)``.
+        ``h0``: the inner rows' ``x0`` ``(n_c, d_0)`` for a block that takes it (the caller pads it with zeros to
+        the rows the block computes, :class:`~lightning_gnnpipe.nn.chunk_call.ChunkCaller`).
         """
-        if h0 is not None and h0.size(0) != x_local.size(0):
-            h0 = F.pad(h0, (0, 0, 0, x_local.size(0) - h0.size(0)))
         if self.activation_checkpointing and torch.is_grad_enabled() and x_local.requires_grad:
             # Keep only the block's input until the backward pass, which runs the block again (same dropout draws:
             # the RNG state is saved with it). Halo rows are read and written outside, so the rerun sees the very
@@ -155,9 +152,7 @@ class ChunkRunner:
                 for c in self.chunks:
                     nodes = g.nodes[c]
                     x_local = h.index_select(0, self.local_ids[c])  # inner rows, then halo rows: one copy
-                    # x0 of the local rows, the halo's too (not zeros: x0 is mixed row by row, and the halo rows'
-                    # outputs are dropped), so that no padded copy is made
-                    o = self.call(j, x_local, c, epoch, None if h0 is None else h0.index_select(0, self.local_ids[c]))
+                    o = self.call(j, x_local, c, epoch, None if h0 is None else h0.index_select(0, nodes))
                     if out is None:
                         out = (o.new_empty if every_row else o.new_zeros)(h.size(0), o.size(-1))
                     out.index_copy_(0, nodes, o[: nodes.numel()])

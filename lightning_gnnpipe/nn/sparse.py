@@ -17,9 +17,12 @@ the inner rows, through the adjacency:
   reads only the output rows.
 * ``aggr="mean"`` divides each row's values by its in-degree (multi-edges counted), as the edge-list mean does.
 
-**Which rows a conv returns.** *Rectangular* (``n_inner`` rows: halo rows are not computed at all) when the block is a
-:class:`~lightning_gnnpipe.nn.stack.BasicGNNLayer` (our own wrapper of a PyG ``BasicGNN`` layer: conv, then norm,
-activation, dropout; no residual) and every module in it acts on each row alone in its current mode (linear layers,
+**Which rows a conv returns.** *Rectangular* (``n_inner`` rows: halo rows are not computed at all) when the block's
+code is known, a :class:`~lightning_gnnpipe.nn.stack.BasicGNNLayer` (our own wrapper of a PyG ``BasicGNN`` layer:
+conv, then norm, activation, dropout; no residual), a :class:`~lightning_gnnpipe.nn.gcnii.GCNIILayer` or a PyG
+``DeepGCNLayer`` (:mod:`~lightning_gnnpipe.nn.inner_rows` lists the exceptions and swaps the latter's forward for one
+whose residual reads the inner rows), and every
+module in it acts on each row alone in its current mode (linear layers,
 activations, dropout, ``LayerNorm``/PyG ``LayerNorm(mode="node")``, ``BatchNorm`` in evaluation mode with running
 statistics, ``MLP``/``Sequential`` of those: see :func:`rectangular_output`). *Square* (``n_local`` rows, the halo rows
 exactly as the edge-list path computes them: aggregating nothing) otherwise: a user's block may mix the conv's
@@ -82,15 +85,12 @@ from typing import Callable, Iterator, List, Mapping, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch_geometric.nn import MLP, BatchNorm, GCN2Conv, GCNConv, GINConv, GraphConv, LayerNorm, MessagePassing, \
-    SAGEConv
-from torch_geometric.nn import Linear as PygLinear
+from torch_geometric.nn import GCN2Conv, GCNConv, GINConv, GraphConv, MessagePassing, SAGEConv
 
 from lightning_gnnpipe.data.adjacency import ChunkAdjacency, SparseAdjacency
-from lightning_gnnpipe.nn.dropout import NodeDropout
 from lightning_gnnpipe.nn.gcn_norm import gcn2_mix, norm_key
 from lightning_gnnpipe.nn.forward_swap import current_forward, swapped_forward
-from lightning_gnnpipe.nn.stack import BasicGNNLayer
+from lightning_gnnpipe.nn.inner_rows import inner_row_forwards, known_row_wise
 
 __all__ = ["SPARSE_CONVS", "SparseCall", "conv_sparse_capable", "rectangular_output", "sparse_aggregation",
            "sparse_capable"]
@@ -99,15 +99,6 @@ SPARSE_CONVS = (GCNConv, SAGEConv, GINConv, GraphConv, GCN2Conv)
 """Convs with a sparse forward here (exact types: subclasses may change ``message`` and are refused)."""
 
 _AGGRS = ("add", "sum", "mean")
-
-_ROW_WISE = (
-    nn.Identity, nn.Linear, PygLinear, nn.Dropout, nn.AlphaDropout, NodeDropout, nn.LayerNorm,
-    nn.Sequential, nn.ModuleList, nn.ModuleDict, MLP, BatchNorm,  # containers: their children are checked
-    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.RReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish,
-    nn.Softplus, nn.Softsign, nn.Tanh, nn.Tanhshrink, nn.Sigmoid, nn.LogSigmoid, nn.Hardswish, nn.Hardsigmoid,
-    nn.Hardtanh,
-) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
-
 
 def conv_sparse_capable(conv: nn.Module) -> bool:
     """Return whether a conv has a sparse forward here and is configured for it.
@@ -132,18 +123,6 @@ def sparse_capable(block: nn.Module) -> bool:
     return bool(convs) and all(conv_sparse_capable(m) for m in convs)
 
 
-def _row_wise(m: nn.Module) -> bool:
-    if isinstance(m, (BasicGNNLayer,) + SPARSE_CONVS):
-        return True  # their own code is known; their submodules are checked one by one
-    if isinstance(m, LayerNorm):
-        return m.mode == "node"
-    if isinstance(m, nn.BatchNorm1d):
-        return not m.training and m.track_running_stats and m.running_mean is not None
-    if isinstance(m, (nn.Softmax, nn.LogSoftmax)):
-        return m.dim in (None, 1, -1)
-    return isinstance(m, _ROW_WISE)
-
-
 def needs_raw_adjacency(block: nn.Module) -> bool:
     """Whether some conv of the block aggregates over the raw edges (all but ``GCNConv``/``GCN2Conv(normalize=True)``,
     which read the full-graph normalised adjacency)."""
@@ -154,15 +133,12 @@ def needs_raw_adjacency(block: nn.Module) -> bool:
 def rectangular_output(block: nn.Module) -> bool:
     """Return whether :func:`sparse_aggregation` computes only the inner rows of ``block`` (``n_inner`` rows out).
 
-    True iff ``block`` is a :class:`~lightning_gnnpipe.nn.stack.BasicGNNLayer`, :func:`sparse_capable`, and every
-    module in it acts on each row alone in its current mode (``BatchNorm`` only in evaluation mode with running
-    statistics; PyG ``LayerNorm`` only with ``mode="node"``). The answer can change with ``block.train()``/``eval()``.
+    True iff ``block`` is :func:`sparse_capable` and :func:`~lightning_gnnpipe.nn.inner_rows.known_row_wise`: a
+    ``BasicGNNLayer``, a ``GCNIILayer`` or a PyG ``DeepGCNLayer`` (with the exceptions listed there) whose every module
+    acts on each row alone in its current mode (``BatchNorm`` only in evaluation mode with running statistics; PyG
+    ``LayerNorm`` only with ``mode="node"``). The answer can change with ``block.train()``/``eval()``.
     """
-    if not (isinstance(block, BasicGNNLayer) and sparse_capable(block)):
-        return False
-    unused = {id(m) for conv in block.modules() if isinstance(conv, MessagePassing)
-              for m in conv.aggr_module.modules()}  # the sparse forwards do not call the aggregation module
-    return all(_row_wise(m) for m in block.modules() if id(m) not in unused)
+    return sparse_capable(block) and known_row_wise(block, SPARSE_CONVS)
 
 
 @dataclass(frozen=True)
@@ -376,5 +352,6 @@ def sparse_aggregation(
     rect = allow_rectangular and rectangular_output(block)
     out_rows = adjacency.n_inner if rect else adjacency.n_local
     chunk = _Chunk(edge_index, raw, norm_adjacency, out_rows)
-    with swapped_forward((conv, _FORWARDS[type(conv)](conv, chunk, current_forward(conv))) for conv in convs):
+    swaps = [(conv, _FORWARDS[type(conv)](conv, chunk, current_forward(conv))) for conv in convs]
+    with swapped_forward(swaps + (inner_row_forwards(block) if rect else [])):
         yield SparseCall(out_rows=out_rows, rectangular=rect)
