@@ -38,39 +38,55 @@ SHORT = {"gnnpipe": "GNNPipe", "graph_parallel": "graph parallel", "hybrid": "hy
 
 
 SINCE = [
-    "**Three changes postdate these records** (measured side by side on a second 2-core host, two to three times as slow as "
-    "the one of every other figure on this page, so its seconds are not mixed with them):",
+    "**Current code, re-measured.** The tables further down are records of earlier code on a faster 2-core host. "
+    "Since then a GCNII layer (`lightning_gnnpipe.nn.gcnii.GCNIILayer`) and PyG's `DeepGCNLayer` (the residual "
+    "GraphSAGE-8) compute only a chunk's inner rows on the sparse path, where they also computed its halo rows and "
+    "dropped them (`lightning_gnnpipe/nn/inner_rows.py`); on this graph a chunk's halo is about as large as the "
+    "chunk. The outputs are the same (the first 3 epochs' validation accuracies agree to every digit), so the "
+    "accuracy runs' epochs to 99% still hold, and only the seconds change. On a second 2-core host, free link "
+    "(`python -m benchmarks.time_to_accuracy.worker` through `bench.measure`; 300k: 3-epoch fits, median of epochs 2 "
+    "and 3 over 2 runs of each code, alternating; 1M and the exact single process: 2 epochs, the second):",
     "",
-    "* The single process ran without torch's transparent huge pages, which the strategies give their ranks; the "
-    "benchmark now starts it with them (`THP_MEM_ALLOC_ENABLE=1`; the cached exact records predate this, `--force` "
-    "measures them again). The exact epoch with them, 2 epochs, second timed: GCNII-16 at 300k 24.2 + 4.2 s against "
-    "27.6 + 4.7 s (-12%), GraphSAGE-8 at 300k 19.2 + 4.9 s against 19.2 + 5.2 s (-1%), GraphSAGE-8 at 1M "
-    "68.4 + 17.9 s against 90.4 + 21.3 s (-23%, as docs/results/notes/memory.md found for its 1M baseline). Where "
-    "the effect on this page's host is the same, its seconds-to-99% ratios to exact are that much too favourable to "
-    "GNNPipe: GraphSAGE-8 at 1M would be about 0.84x, not 0.65x (target 0.7x: missed), and on that host, against "
-    "the single process with huge pages, GNNPipe's 1M GraphSAGE-8 epoch is 0.79x exact's (53.7 + 14.7 s against "
-    "68.4 + 17.9 s; 0.61x against it without them); the GCNII-16 option's 0.84x and 0.81x at 300k would be about "
-    "0.95x and 0.92x, before the two changes below, which shorten its epoch by about as much.",
-    "* A stage's exact forward (validation, refresh) reads each chunk's local rows with one gather per layer instead "
-    "of three copies, gathers `x0` once per chunk for all layers, and writes into an output it does not zero first: "
-    "the two GCNII-16 stages' forward (`THP_MEM_ALLOC_ENABLE=1 python -m benchmarks.time_to_accuracy.validation_probe "
-    "--model gcnii16`, one process, 2 threads, median of 3 per run) took 7.0 and 7.6 s in two runs against 8.8 and "
-    "9.2 s in two runs of the earlier code, alternating; GraphSAGE-8's was unchanged (4.2-4.8 s). That host varies: "
-    "the single process's forward took 3.8 to 6.9 s over the same hour, so only alternating runs are compared.",
-    "* The strategies' fixed 16 MiB mmap threshold now comes with a 32 MiB trim threshold, the pairing glibc's own "
-    "dynamic rule makes: with the threshold alone glibc's trim threshold stayed at 128 KiB, so the heap handed its top "
-    "back to the OS and faulted it in again chunk after chunk.",
+    "| nodes | model | mode | earlier code: train + val s / epoch | current code | exact, one process (huge pages) "
+    "| epoch ÷ exact | epochs to 99% (GNNPipe, exact) | s to 99% ÷ exact (≤ 0.7x) | largest rank's peak USS, "
+    "earlier → current (exact) |",
+    "|---|---|---|---|---|---|---|---|---|---|",
+    "| 300k | gcnii16 | `GNNPipeStrategy()` | 20.6 + 9.9 | 11.9 + 6.2 | 26.2 + 4.8 | 0.58x | not reached | – "
+    "| 1.74 → 1.91 GiB (3.32) |",
+    "| 300k | gcnii16 | " + LABEL_EXACT_FORWARD + " | 21.4 + 8.9 | 14.7 + 6.8 | 26.2 + 4.8 | 0.69x | 30, 28 (seed 0); "
+    "28, 27 (seed 1) | 0.74x, 0.72x | 2.62 → 3.06 GiB (3.32) |",
+    "| 300k | ressage8 | `GNNPipeStrategy()` | 14.1 + 3.9 | 9.6 + 3.3 | 13.4 + 3.1 | 0.78x | 30, 30 (both seeds) "
+    "| 0.78x | 1.57 → 1.63 GiB (2.81) |",
+    "| 1M | gcnii16 | " + LABEL_EXACT_FORWARD + " | – | 66.7 + 27.5 | 81.1 + 15.8 | 0.97x | 29, 27 | 1.04x "
+    "| 6.56 GiB (10.28) |",
+    "| 1M | ressage8 | `GNNPipeStrategy()` | – | 37.3 + 11.8 | 40.3 + 10.6 | 0.96x | 30, 30 | 0.96x "
+    "| 3.55 GiB (8.63) |",
     "",
-    "Together, in a fit (GCNII-16, 300k, free link, 3 epochs, medians of epochs 2 and 3 over 3 runs of each, "
-    "alternating): `GNNPipeStrategy()` 19.7 + 10.4 s against 21.8 + 11.6 s (training + validation; largest rank's "
-    "peak USS 1.67 against 1.59 GiB), `refresh_every=1, halo_gradients=\"fresh\"` 21.1 + 8.0 s against 23.1 + 10.0 s "
-    "(2.61 against 2.58 GiB). The single process's exact epoch on that host is 24.2 + 4.2 s, so there even the "
-    "option's shorter epoch is 1.02x exact's (on this page's host 0.79x, against an exact run without huge pages): that host faults fresh memory in slowly "
-    "(the kernel zeroing pages took 17% of both cores' time in a profile of the defaults' fit), which the ranks' lean "
-    "allocator settings pay for at every chunk-sized tensor. Running each stage's "
-    "layers through one whole-graph adjacency instead of 8 chunks' would take the two stages' forward to 4.9 s (the "
-    "single process's: 3.8-4.0 s), but a one-chunk chunk graph holds 213 MiB per stage at 300k (both CSR directions "
-    "and the edge order, for training), so the forward stays chunked.",
+    "So the current code shortens GCNII-16's training step by 31-42% and its exact validation (the stages one after "
+    "the other) by 24-37%, to 1.3x-1.4x the single process's validation; GraphSAGE-8's training step by 32%. "
+    "GNNPipe's epoch is 0.58x to 0.78x the single process's at 300k, and its time to 99% of exact's best validation accuracy 0.72x "
+    "to 0.78x (target 0.7x: missed, by little with GCNII-16's option). At 1M on this host it is no faster than the "
+    "single process (0.96x to 0.97x of its epoch; on the page's host, with earlier code and without huge pages for "
+    "the single process, 0.61x to 0.79x). Part of that is fresh memory: at 1M every chunk-sized tensor (125,000 rows "
+    "x 64 floats, 30.5 MiB) is a fresh mapping under the ranks' 16 MiB mmap threshold, which this host faults in "
+    "slowly; with glibc's dynamic threshold (`GNNPipeStrategy(heap_mmap_threshold=None)`, one run) GraphSAGE-8's 1M "
+    "epoch took 34.0 + 11.4 s (0.89x exact's) at the same peak USS, 3.57 GiB. "
+    "A host's figures vary from session to session (this one's single process at 1M: 40.3 s here, 68.4 s on the "
+    "third host), so only runs of one session are set side by side here. The earlier code's validation of GCNII-16 in one process "
+    "(`THP_MEM_ALLOC_ENABLE=1 python -m benchmarks.time_to_accuracy.validation_probe --model gcnii16`): the two "
+    "stages' exact forward 8.33 s, now 5.41 s, the single process's 3.70-3.81 s.",
+    "",
+    "Memory against time: computing fewer rows makes a chunk's tensors smaller (at 300k, 37,500 rows x 64 floats, "
+    "9.2 MiB), below the ranks' 16 MiB mmap threshold, so they come from the heap, which keeps its freed pages: the "
+    "largest rank's peak USS grows by 0.2-0.4 GiB. With `GNNPipeStrategy(heap_mmap_threshold=8 * 2**20)` GCNII-16's "
+    "defaults peak at 1.19 GiB (earlier code 1.74) at 13.9 + 7.7 s an epoch (one run).",
+    "",
+    "Earlier changes, also after these records (measured on a third host): the single process now runs with torch's "
+    "transparent huge pages, as the strategies' ranks do (`THP_MEM_ALLOC_ENABLE=1`: GCNII-16 at 300k -12% an epoch, "
+    "GraphSAGE-8 at 1M -23%, so the tables' seconds-to-99% ratios to exact are that much too favourable to GNNPipe); "
+    "a stage's exact forward gathers each chunk's local rows once per layer; and the ranks' mmap threshold comes with "
+    "a trim threshold of twice it (glibc's own pairing), so the heap does not hand its top back to the OS chunk "
+    "after chunk.",
 ]
 
 
@@ -545,10 +561,10 @@ def write_page(records: List[dict], path: Path, planner: Optional[Dict[tuple, di
     link_lines, summary = link_table(records, derived, rates, planner or {})
     spread_section, spread_summary, spread_derived = spread_lines(spread or [], rates, spread_planner or {})
     out = ["# Time to accuracy on learnable 300k- and 1M-node graphs, over an emulated cluster link", ""]
+    out += [*SINCE, ""]
     out += answer(derived, summary + spread_summary, rates)
     out += ["Targets, GNNPipe's defaults (and, last, its option for deep models):", "",
             *targets(derived, summary + spread_summary, spread_derived), ""]
-    out += [*SINCE, ""]
     spread_acc = accuracy_sentences(spread_derived)
     if spread_acc:
         out += ["Accuracy on the spread graph ([below](#a-graph-whose-long-range-edges-touch-every-node)): "
