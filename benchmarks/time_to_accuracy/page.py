@@ -74,7 +74,11 @@ SINCE = [
     "A host's figures vary from session to session (this one's single process at 1M: 40.3 s here, 68.4 s on the "
     "third host), so only runs of one session are set side by side here. The earlier code's validation of GCNII-16 in one process "
     "(`THP_MEM_ALLOC_ENABLE=1 python -m benchmarks.time_to_accuracy.validation_probe --model gcnii16`): the two "
-    "stages' exact forward 8.33 s, now 5.41 s, the single process's 3.70-3.81 s.",
+    "stages' exact forward 8.33 s, now 5.41 s, the single process's 3.70-3.81 s. On the free link the graph-parallel "
+    "evaluation is the faster one for GCNII-16 too (`GNNPipeStrategy(evaluation=\"graph_parallel\")`, defaults "
+    "otherwise, one run: validation 4.5 and 5.0 s in epochs 2 and 3, against 6.2 s pipelined; peak USS 2.00 GiB), "
+    "but `\"auto\"` keeps the pipelined one, which sends 0.35x its bytes; the history refresh of "
+    "`refresh_every=1` always runs pipelined.",
     "",
     "Memory against time: computing fewer rows makes a chunk's tensors smaller (at 300k, 37,500 rows x 64 floats, "
     "9.2 MiB), below the ranks' 16 MiB mmap threshold, so they come from the heap, which keeps its freed pages: the "
