@@ -8,6 +8,7 @@ import torch
 from torch_geometric.nn.models import GCN, GraphSAGE
 
 from lightning_gnnpipe import GNNPipeStrategy, build_chunk_plan, find_layer_stack
+from lightning_gnnpipe.nn.gcnii import GCNII
 from lightning_gnnpipe.pipeline.balance import balanced_split, profile_layer_costs, stage_layers
 from lightning_gnnpipe.pipeline.split import split_layers
 from tests.helpers import one_thread  # noqa: F401 (fixture)
@@ -74,6 +75,13 @@ def test_profile_measures_each_layer_and_changes_nothing(cora, one_thread):
     assert all(p.grad is None for p in gnn.parameters())
     assert all(torch.equal(before[k], v) for k, v in gnn.state_dict().items())  # BatchNorm statistics too
     assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_profile_times_blocks_that_take_x0(cora, one_thread):
+    gnn = GCNII(cora.num_features, 32, 7, 4, dropout=0.0)  # GCNII layers are called (x, edge_index, x0)
+    plan = build_chunk_plan(cora.edge_index, cora.num_nodes, 4)
+    costs = profile_layer_costs(gnn.pipeline_blocks(), plan, cora.edge_index, cora.x)
+    assert len(costs) == 6 and all(c > 0 for c in costs)
 
 
 def test_stage_layers_without_process_group(cora, one_thread):

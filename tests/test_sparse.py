@@ -200,7 +200,7 @@ def test_deep_gcn_layer_is_rectangular_and_matches(chunks, block, conv):
     check(layer.eval(), chunks, rectangular=True)
 
 
-def test_deep_gcn_layer_square_when_checkpointing_or_batch_norm_trains(chunks):
+def test_deep_gcn_layer_square_when_checkpointing_or_its_input_rows_matter(chunks):
     torch.manual_seed(10)
     layer = DeepGCNLayer(SAGEConv(D, D), nn.LayerNorm(D), nn.ReLU(), block="res+", ckpt_grad=True)
     assert not rectangular_output(layer)  # its checkpoint reruns the conv after the sparse forward is restored
@@ -213,6 +213,9 @@ def test_deep_gcn_layer_square_when_checkpointing_or_batch_norm_trains(chunks):
             assert_close(out, _edge_list(layer, ch, x, None), **TOL)
     layer = DeepGCNLayer(SAGEConv(D, D), nn.BatchNorm1d(D), nn.ReLU(), block="res+")
     check(layer, chunks, rectangular=False)
+    act = nn.Sequential(nn.ReLU(), NodeDropout(0.3, seed=5))  # on the input's local rows, keyed by their ids
+    check(DeepGCNLayer(SAGEConv(D, D), nn.LayerNorm(D), act, block="res+"), chunks, rectangular=False)
+    check(DeepGCNLayer(SAGEConv(D, D), nn.LayerNorm(D), act, block="res"), chunks, rectangular=True)  # on its output
 
 
 BASIC = {

@@ -13,7 +13,8 @@ many as the inner ones. Blocks of known code:
   declares the inner rows' ids only);
 * PyG's ``DeepGCNLayer`` (Li et al., arXiv 2006.07739; the code of torch_geometric 2.8), every ``block`` kind; not
   with ``ckpt_grad`` while training (its checkpoint reruns the conv in the backward pass, after the sparse forward is
-  restored). Its forward is swapped for the same code with the residual reading the inner rows of its input
+  restored), nor with a training ``NodeDropout`` in the ``norm`` or ``act`` of a ``"res+"`` block (they act on the
+  input's local rows). Its forward is swapped for the same code with the residual reading the inner rows of its input
   (:func:`inner_row_forwards`); like ``nn.Dropout`` in a ``BasicGNNLayer``, its dropout after the conv
   (``"res"``, ``"dense"``, ``"plain"``) then draws its mask for ``n_inner`` rows, not ``n_local``.
 """
@@ -60,11 +61,16 @@ def _known_block(block: nn.Module) -> bool:
     if isinstance(block, BasicGNNLayer):
         return True
     if type(block) is GCNIILayer:
-        drop = block.drop
-        return not (isinstance(drop, NodeDropout) and drop.training and drop.p > 0)
+        return not _training_node_dropout(block.drop)
     if type(block) is DeepGCNLayer:
-        return block.conv is not None and not (block.ckpt_grad and block.training)
+        before_conv = [m for part in (block.norm, block.act) if part is not None for m in part.modules()]
+        return block.conv is not None and not (block.ckpt_grad and block.training) and not (
+            block.block == "res+" and any(_training_node_dropout(m) for m in before_conv))
     return False
+
+
+def _training_node_dropout(m: nn.Module) -> bool:
+    return isinstance(m, NodeDropout) and m.training and m.p > 0
 
 
 def known_row_wise(block: nn.Module, convs: Tuple[type, ...]) -> bool:

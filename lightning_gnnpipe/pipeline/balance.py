@@ -20,9 +20,9 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor, nn
 
 from lightning_gnnpipe.data.chunk import ChunkPlan
-from lightning_gnnpipe.nn.gcn_norm import norm_keys, normalized_convs, precomputed_norm
+from lightning_gnnpipe.nn.gcn_norm import norm_keys
 from lightning_gnnpipe.nn.chunk_call import ChunkCaller, chunk_graph_options
-from lightning_gnnpipe.nn.stack import infer_dims, takes_x0, uses_graph
+from lightning_gnnpipe.nn.stack import call_block, infer_dims, takes_x0, uses_graph
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph, build_chunk_graph
 from lightning_gnnpipe.pipeline.split import split_layers
 
@@ -122,7 +122,7 @@ def profile_layer_costs(
         # elsewhere then slows one run of every block instead of every run of one block.
         for r in range(repeats + 1):
             for j, block in enumerate(blocks):
-                seconds = _time_block(block, j, graph, chunk, dims[j], x)
+                seconds = _time_block(block, j, graph, chunk, dims[j], x, dims[min(1, len(dims) - 1)])
                 if r > 0:
                     times[j].append(seconds)
     with torch.no_grad():
@@ -131,8 +131,10 @@ def profile_layer_costs(
     return [min(t) for t in times]
 
 
-def _time_block(block: nn.Module, j: int, graph: ChunkGraph, chunk: int, in_channels: int, x: Tensor) -> float:
-    """Seconds of one forward+backward of block ``j`` on chunk ``chunk``, as its stage runs it."""
+def _time_block(block: nn.Module, j: int, graph: ChunkGraph, chunk: int, in_channels: int, x: Tensor,
+                x0_channels: int) -> float:
+    """Seconds of one forward+backward of block ``j`` on chunk ``chunk``, as its stage runs it (a block that takes
+    ``x0`` gets random inner rows of width ``x0_channels``)."""
     device = x.device
     nodes, halo = graph.nodes[chunk], graph.halo[chunk]
     graph_block = uses_graph(block)
@@ -141,13 +143,13 @@ def _time_block(block: nn.Module, j: int, graph: ChunkGraph, chunk: int, in_chan
     h = x[local] if j == 0 else torch.randn(local.numel(), in_channels, device=device, dtype=x.dtype)
     h.requires_grad_(j > 0)
     inputs = ([h] if j > 0 else []) + [p for p in block.parameters() if p.requires_grad]
+    h0 = torch.randn(nodes.numel(), x0_channels, device=device, dtype=x.dtype) if takes_x0(block) else None
     _sync(device)
     start = time.perf_counter()
-    if graph_block and not takes_x0(block):
-        out = ChunkCaller(block, graph)(h, chunk, local, 0)
+    if graph_block:
+        out = ChunkCaller(block, graph)(h, chunk, local, 0, h0)
     else:
-        with precomputed_norm(normalized_convs(block), graph.norm_edges[chunk]):
-            out = block(h, ei)
+        out = call_block(block, h, ei, h0)
     if inputs:
         torch.autograd.grad(out, inputs, grad_outputs=torch.ones_like(out), allow_unused=True)
     _sync(device)
