@@ -80,6 +80,12 @@ SINCE = [
     "but `\"auto\"` keeps the pipelined one, which sends 0.35x its bytes; the history refresh of "
     "`refresh_every=1` always runs pipelined.",
     "",
+    "Against graph parallelism, GCNII-16 on the page's graph, same host and session (2 epochs, the second; GNNPipe "
+    "on the free link from the fits above): on the free link graph parallelism's epoch is 16.8 + 6.6 s, 1.29x "
+    "GNNPipe's (the table below: 1.00x); at the 100 Gbit/s rate (163 Mbit/s) GNNPipe takes 18.9 + 10.3 s and graph "
+    "parallelism 38.6 + 18.2 s, 1.95x (the table: 1.60x), sending 2.96x GNNPipe's bytes as before (0.45 against "
+    "0.15 GiB a training step). The rest of the link tables was not measured again.",
+    "",
     "Memory against time: computing fewer rows makes a chunk's tensors smaller (at 300k, 37,500 rows x 64 floats, "
     "9.2 MiB), below the ranks' 16 MiB mmap threshold, so they come from the heap, which keeps its freed pages: the "
     "largest rank's peak USS grows by 0.2-0.4 GiB. With `GNNPipeStrategy(heap_mmap_threshold=8 * 2**20)` GCNII-16's "
