@@ -74,10 +74,19 @@ def _training_node_dropout(m: nn.Module) -> bool:
 
 
 def known_row_wise(block: nn.Module, convs: Tuple[type, ...]) -> bool:
-    """Whether ``block`` is of known code (see the module docstring) and every module in it acts on each row alone in
-    its current mode (``BatchNorm`` only in evaluation mode with running statistics; PyG ``LayerNorm`` only with
-    ``mode="node"``); ``convs``: the conv types whose code is known. The answer can change with
-    ``block.train()``/``eval()``."""
+    """Return whether ``block`` can compute only a chunk's inner rows.
+
+    Args:
+        block: A layer block.
+        convs: The conv types whose forward has an inner-rows form (the sparse path's,
+            :data:`~lightning_gnnpipe.nn.sparse.SPARSE_CONVS`).
+
+    Returns:
+        ``True`` iff ``block`` is of known code (module docstring; with its exceptions) and every module in it acts on
+        each row alone in its current mode (``BatchNorm`` only in evaluation mode with running statistics; PyG
+        ``LayerNorm`` only with ``mode="node"``). The answer can change with ``block.train()``/``eval()``. Raises
+        nothing: any other block gives ``False``.
+    """
     if not _known_block(block):
         return False
     unused = {id(m) for conv in block.modules() if isinstance(conv, MessagePassing)
@@ -86,9 +95,14 @@ def known_row_wise(block: nn.Module, convs: Tuple[type, ...]) -> bool:
 
 
 def inner_row_forwards(block: nn.Module) -> List[Tuple[nn.Module, Callable]]:
-    """The forwards to swap in (:func:`~lightning_gnnpipe.nn.forward_swap.swapped_forward`) so that a
-    :func:`known_row_wise` ``block`` whose convs return the inner rows returns them too: ``DeepGCNLayer``'s residual
-    then adds the inner rows of its input. Empty for the other blocks."""
+    """The forwards to swap in (:func:`~lightning_gnnpipe.nn.forward_swap.swapped_forward`) while a
+    :func:`known_row_wise` ``block``'s convs return ``n_inner`` rows of its ``(n_local, d)`` input.
+
+    Returns:
+        ``[(block, forward)]`` for a ``DeepGCNLayer``, whose residual then adds the inner rows of its input
+        (``x[:n_inner]``, PyG 2.8's ``DeepGCNLayer.forward`` otherwise); ``[]`` for every other block, whose own
+        forward already returns its convs' rows.
+    """
     return [(block, _deep_gcn_forward(block))] if type(block) is DeepGCNLayer else []
 
 
