@@ -86,8 +86,12 @@ SINCE = [
     "parallelism 38.6 + 18.2 s, 1.95x (the table: 1.60x), sending 2.96x GNNPipe's bytes as before (0.45 against "
     "0.15 GiB a training step). The rest of the link tables was not measured again.",
     "",
+    "At 1M (GraphSAGE-8, `GNNPipeStrategy()`, 2 epochs, the second, one run of each code in a row): earlier code "
+    "52.3 + 16.5 s, current 39.2 + 13.2 s; the largest rank's peak USS 3.79 against 3.52 GiB (the other rank 3.09 "
+    "against 2.99): there a chunk's tensors stay above the mmap threshold, and the smaller ones only save memory.",
+    "",
     "Memory against time: computing fewer rows makes a chunk's tensors smaller (at 300k, 37,500 rows x 64 floats, "
-    "9.2 MiB), below the ranks' 16 MiB mmap threshold, so they come from the heap, which keeps its freed pages: the "
+    "9.2 MiB), below the ranks' 16 MiB mmap threshold, so they come from the heap, which keeps its freed pages: at 300k the "
     "largest rank's peak USS grows by 0.2-0.4 GiB. With `GNNPipeStrategy(heap_mmap_threshold=8 * 2**20)` GCNII-16's "
     "defaults peak at 1.19 GiB (earlier code 1.74) at 13.9 + 7.7 s an epoch (one run).",
     "",
