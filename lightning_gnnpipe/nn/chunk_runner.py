@@ -20,7 +20,7 @@ that :class:`~lightning_gnnpipe.nn.NodeDropout` drops a halo row exactly as its 
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -75,6 +75,7 @@ class ChunkRunner:
         self.local_ids = [torch.cat([n, h]) if c in mine else n[:0]  # global id of each local row of chunk c
                           for c, (n, h) in enumerate(zip(graph.nodes, graph.halo))]
         self._no_edges = graph.nodes[0].new_zeros(2, 0)  # what a node-wise block gets as `edge_index`
+        self._order: Optional[Tuple[Tensor, Tensor, List[Tensor], List[Tuple[int, int]]]] = None
 
     def call(self, j: int, x_local: Tensor, c: int, epoch: int, h0: Optional[Tensor] = None) -> Tensor:
         """Run message-passing block ``j`` on chunk ``c``'s local rows ``(n_c + h_c, d)``; at least ``n_c`` rows out.
@@ -140,8 +141,9 @@ class ChunkRunner:
             before_layer: Called ``before_layer(layer, h)`` with each layer's input (e.g. a history refresh).
             combine: Applied to each message-passing layer's output (:data:`Combine`).
         """
+        if len(self.chunks) == self.graph.num_chunks:  # the chunks cover every node: run them in chunk order
+            return self._run_full_chunk_order(h, h0, epoch, before_layer)
         g = self.graph
-        every_row = len(self.chunks) == g.num_chunks  # the chunks cover every node: no row of `out` stays unwritten
         for j, layer in enumerate(self.layer_ids):
             if before_layer is not None:
                 before_layer(layer, h)
@@ -154,13 +156,64 @@ class ChunkRunner:
                     x_local = h.index_select(0, self.local_ids[c])  # inner rows, then halo rows: one copy
                     o = self.call(j, x_local, c, epoch, None if h0 is None else h0.index_select(0, nodes))
                     if out is None:
-                        out = (o.new_empty if every_row else o.new_zeros)(h.size(0), o.size(-1))
+                        out = o.new_zeros(h.size(0), o.size(-1))
                     out.index_copy_(0, nodes, o[: nodes.numel()])
                 assert out is not None
                 h = combine(out) if combine is not None else out
             h0 = h if layer == 0 and self.carry_x0 else h0
         return h, h0
 
+    def _run_full_chunk_order(self, h: Tensor, h0: Optional[Tensor], epoch: int,
+                              before_layer: Optional[Callable[[int, Tensor], None]]) -> Tuple[Tensor, Optional[Tensor]]:
+        """:meth:`run_full` when this runner holds every chunk (one partition: nothing to combine).
+
+        The rows are kept in chunk order (chunk 0's inner rows, then chunk 1's, ...), so that each chunk's inner rows
+        are one slice: a chunk's output is copied into its slice instead of scattered to its nodes' rows (a scatter
+        of ``n_c`` rows costs several times a contiguous copy on a CPU), and its local rows are read from that slice
+        and its halo rows. The rows are put in chunk order once on entry and back in node order on exit.
+        """
+        order, position, local, bounds = self._chunk_order()
+        h_in, h0_in = h, h0
+        h = h.index_select(0, order)
+        h0 = None if h0 is None else h0.index_select(0, order)
+        for j, layer in enumerate(self.layer_ids):
+            if before_layer is not None:
+                before_layer(layer, h_in if j == 0 else h.index_select(0, position))
+            if not self.uses_graph[j]:
+                h = self.node_wise(j, h, order, epoch, h0)
+            else:
+                out: Optional[Tensor] = None
+                for c, (a, b) in zip(self.chunks, bounds):
+                    halo = local[c]
+                    x_local = h.new_empty(b - a + halo.numel(), h.size(1))
+                    x_local[: b - a].copy_(h[a:b])
+                    _select_into(h, halo, x_local[b - a:])
+                    o = self.call(j, x_local, c, epoch, None if h0 is None else h0[a:b])
+                    if out is None:
+                        out = o.new_empty(h.size(0), o.size(-1))
+                    out[a:b].copy_(o[: b - a])
+                assert out is not None
+                h = out
+            h0 = h if layer == 0 and self.carry_x0 else h0
+        h = h.index_select(0, position)
+        if h0 is not None:
+            h0 = h0_in if h0_in is not None and 0 not in self.layer_ids else h0.index_select(0, position)
+        return h, h0
+
+    def _chunk_order(self) -> Tuple[Tensor, Tensor, List[Tensor], List[Tuple[int, int]]]:
+        """Node ids in chunk order ``(|V|,)``, each node's position in it ``(|V|,)``, per chunk the positions of its
+        halo rows ``(h_c,)``, and each chunk's slice ``[a, b)`` (built once)."""
+        if self._order is None:
+            g = self.graph
+            order = torch.cat([g.nodes[c] for c in self.chunks])
+            position = torch.empty_like(order)
+            position[order] = torch.arange(order.numel(), device=order.device)
+            sizes = [g.nodes[c].numel() for c in self.chunks]
+            ends = torch.tensor(sizes).cumsum(0).tolist()
+            bounds = [(e - s, e) for s, e in zip(sizes, ends)]
+            local = [position[g.halo[c]] for c in range(g.num_chunks)]
+            self._order = (order, position, local, bounds)
+        return self._order
 
 def _select_into(source: Tensor, index: Tensor, out: Tensor) -> None:
     """``out[:] = source[index]`` without a second copy (cast to ``out``'s dtype if it differs)."""
