@@ -58,3 +58,20 @@ def test_shaped_loopback_is_removed_after_use_and_after_an_error():
     with pytest.raises(LinkUnavailable, match="ip netns add"):
         with shaped_loopback(None, name="bad/name"):
             pass
+
+
+def test_memory_sampler_takes_a_full_sample_at_a_new_high_of_private_memory(tmp_path):
+    from benchmarks.harness.memory import MemorySampler, rss_anon_bytes
+
+    if rss_anon_bytes() is None:
+        pytest.skip("no /proc/self/status here")
+    sampler = MemorySampler(tmp_path / "mem.json", full_every=3600.0)
+    sampler.sample()
+    assert sampler._due()  # the first read is a high
+    assert not sampler._due()  # nothing grew, the last full sample is recent: only the kernel's counters are read
+    before = sampler.peak["uss"]
+    block = torch.ones(64 * 2**20 // 4)  # 64 MiB of private pages, touched
+    assert sampler._due()
+    sampler.sample()
+    assert sampler.peak["uss"] - before >= 48 * 2**20
+    del block
