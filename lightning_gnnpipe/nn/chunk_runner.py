@@ -12,8 +12,7 @@ and reads ``h_c`` halo rows. :meth:`ChunkRunner.run` takes the inner rows throug
 When the model carries the initial embedding ``x0`` (GCNII, arXiv 2007.02133: block 0's output), every block that
 takes it gets the inner rows' ``x0``, padded with zeros for the halo rows (a GCNII layer mixes ``x0`` row by row, so
 those rows never reach an inner output). :meth:`ChunkRunner.run_full` is the exact whole-graph forward of the same
-blocks, layer by layer, every chunk reading exact halo rows; when the runner holds every chunk, in chunk order, where
-a block of known code runs once per layer on all rows (:mod:`~lightning_gnnpipe.nn.whole_graph`).
+blocks, layer by layer, every chunk reading exact halo rows.
 
 Every block call declares the global node id of each row and the epoch (:func:`~lightning_gnnpipe.nn.node_rows`), so
 that :class:`~lightning_gnnpipe.nn.NodeDropout` drops a halo row exactly as its owner chunk does.
@@ -21,7 +20,7 @@ that :class:`~lightning_gnnpipe.nn.NodeDropout` drops a halo row exactly as its 
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -30,9 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph
 from lightning_gnnpipe.nn.chunk_call import ChunkCaller
 from lightning_gnnpipe.nn.dropout import node_rows
-from lightning_gnnpipe.nn.sparse import rectangular_output, sparse_aggregation
 from lightning_gnnpipe.nn.stack import call_block, uses_graph
-from lightning_gnnpipe.nn.whole_graph import WholeAdjacency, WholeGraph
 
 HaloFill = Callable[[int, Tensor, int, Tensor], Tensor]
 """``fill(layer, h, c, out) -> h``: write chunk ``c``'s halo rows of ``layer`` (``>= 1``) into ``out`` ``(h_c, d)``
@@ -79,7 +76,6 @@ class ChunkRunner:
                           for c, (n, h) in enumerate(zip(graph.nodes, graph.halo))]
         self._no_edges = graph.nodes[0].new_zeros(2, 0)  # what a node-wise block gets as `edge_index`
         self._order: Optional[Tuple[Tensor, Tensor, List[Tensor], List[Tuple[int, int]]]] = None
-        self._whole_graph: Optional[WholeGraph] = None
 
     def call(self, j: int, x_local: Tensor, c: int, epoch: int, h0: Optional[Tensor] = None) -> Tensor:
         """Run message-passing block ``j`` on chunk ``c``'s local rows ``(n_c + h_c, d)``; at least ``n_c`` rows out.
@@ -185,10 +181,6 @@ class ChunkRunner:
                 before_layer(layer, h_in if j == 0 else h.index_select(0, position))
             if not self.uses_graph[j]:
                 h = self.node_wise(j, h, order, epoch, h0)
-            elif self._whole_graph_call(j, h):
-                with sparse_aggregation(self.blocks[j], *self._whole(), edge_list_fallback=False), \
-                        node_rows(order, epoch):
-                    h = call_block(self.blocks[j], h, self._whole_graph.edge_index, h0)
             else:
                 out: Optional[Tensor] = None
                 for c, (a, b) in zip(self.chunks, bounds):
@@ -207,22 +199,6 @@ class ChunkRunner:
         if h0 is not None:
             h0 = h0_in if h0_in is not None and 0 not in self.layer_ids else h0.index_select(0, position)
         return h, h0
-
-    def _whole_graph_call(self, j: int, h: Tensor) -> bool:
-        """Whether block ``j`` runs once on all rows in chunk order (:mod:`~lightning_gnnpipe.nn.whole_graph`): no
-        autograd, the sparse path, and a block of known code (:func:`~lightning_gnnpipe.nn.sparse.rectangular_output`:
-        its convs get the block's rows and edges)."""
-        return (not torch.is_grad_enabled() and self.callers[j].sparse and rectangular_output(self.blocks[j])
-                and not torch.is_autocast_enabled(h.device.type))
-
-    def _whole(self) -> Tuple[Tensor, Optional[WholeAdjacency], Dict]:
-        """:class:`~lightning_gnnpipe.nn.whole_graph.WholeGraph`'s ``edge_index``, ``adjacency`` and
-        ``norm_adjacency`` (built once)."""
-        if self._whole_graph is None:
-            _, _, local, bounds = self._chunk_order()
-            self._whole_graph = WholeGraph(self.graph, self.chunks, local, bounds)
-        w = self._whole_graph
-        return w.edge_index, w.adjacency, w.norm_adjacency
 
     def _chunk_order(self) -> Tuple[Tensor, Tensor, List[Tensor], List[Tuple[int, int]]]:
         """Node ids in chunk order ``(|V|,)``, each node's position in it ``(|V|,)``, per chunk the positions of its

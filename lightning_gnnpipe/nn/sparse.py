@@ -164,10 +164,8 @@ class _Chunk:
     """The chunk a block call runs on, and the sparse pieces of each conv forward."""
 
     def __init__(self, edge_index: Tensor, adjacency: Optional[ChunkAdjacency],
-                 norm_adjacency: Mapping[Tuple[bool, bool], ChunkAdjacency], out_rows: int,
-                 edge_list_fallback: bool = True) -> None:
+                 norm_adjacency: Mapping[Tuple[bool, bool], ChunkAdjacency], out_rows: int) -> None:
         self.edge_index, self.adjacency, self.norm_adjacency = edge_index, adjacency, norm_adjacency
-        self.edge_list_fallback = edge_list_fallback
         shape = adjacency if adjacency is not None else next(iter(norm_adjacency.values()))
         self.n_inner, self.n_local, self.out_rows = shape.n_inner, shape.n_local, out_rows
 
@@ -202,9 +200,6 @@ class _Chunk:
         return F.pad(out, (0, 0, 0, self.out_rows - self.n_inner)) if self.out_rows > self.n_inner else out
 
     def fallback(self, orig: Callable, *args, **kwargs) -> Tensor:
-        if not self.edge_list_fallback:
-            raise RuntimeError("sparse_aggregation: a conv of the block was called with other rows, edges or "
-                               "arguments than the block's (an edge-list call), which this call does not allow.")
         return orig(*args, **kwargs)[: self.out_rows]
 
 
@@ -290,7 +285,6 @@ def sparse_aggregation(
     adjacency: Optional[ChunkAdjacency],
     norm_adjacency: Optional[Mapping[Tuple[bool, bool], ChunkAdjacency]] = None,
     allow_rectangular: bool = True,
-    edge_list_fallback: bool = True,
 ) -> Iterator[SparseCall]:
     """Make the block's convs aggregate through the chunk's sparse adjacency while the context is open.
 
@@ -310,8 +304,6 @@ def sparse_aggregation(
             the chunk's full-graph ``gcn_norm`` edges, weights = coefficients
             (``build_adjacency(norm_ei, n_inner, n_local, norm_ew)``).
         allow_rectangular: ``False`` forces square outputs (``n_local`` rows) even for a rectangular block.
-        edge_list_fallback: ``False``: a conv called with other rows, edges or arguments than the block's raises
-            ``RuntimeError`` instead of passing messages along ``edge_index`` (a stand-in without real edges).
 
     Yields:
         :class:`SparseCall`: ``out_rows`` (``n_inner`` or ``n_local``), the rows each conv returns; declare
@@ -359,7 +351,7 @@ def sparse_aggregation(
                                  f"the chunk's ({adjacency.n_inner}, {adjacency.n_local}).")
     rect = allow_rectangular and rectangular_output(block)
     out_rows = adjacency.n_inner if rect else adjacency.n_local
-    chunk = _Chunk(edge_index, raw, norm_adjacency, out_rows, edge_list_fallback)
+    chunk = _Chunk(edge_index, raw, norm_adjacency, out_rows)
     swaps = [(conv, _FORWARDS[type(conv)](conv, chunk, current_forward(conv))) for conv in convs]
     with swapped_forward(swaps + (inner_row_forwards(block) if rect else [])):
         yield SparseCall(out_rows=out_rows, rectangular=rect)
