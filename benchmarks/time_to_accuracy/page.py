@@ -38,69 +38,69 @@ SHORT = {"gnnpipe": "GNNPipe", "graph_parallel": "graph parallel", "hybrid": "hy
 
 
 SINCE = [
-    "**Current code, re-measured.** The tables further down are records of earlier code on a faster 2-core host. "
-    "Since then a GCNII layer (`lightning_gnnpipe.nn.gcnii.GCNIILayer`) and PyG's `DeepGCNLayer` (the residual "
-    "GraphSAGE-8) compute only a chunk's inner rows on the sparse path, where they also computed its halo rows and "
-    "dropped them (`lightning_gnnpipe/nn/inner_rows.py`); on this graph a chunk's halo is about as large as the "
-    "chunk. The outputs are the same (the first 3 epochs' validation accuracies agree to every digit), so the "
-    "accuracy runs' epochs to 99% still hold, and only the seconds change. On a second 2-core host, free link "
-    "(`python -m benchmarks.time_to_accuracy.worker` through `bench.measure`; 300k: 3-epoch fits, median of epochs 2 "
-    "and 3 over 2 runs of each code, alternating; 1M and the exact single process: 2 epochs, the second):",
+    "**Current code, re-measured.** The tables further down are records of earlier code on a faster 2-core host; "
+    "the first table here is the current code on this page's latest host, every row from runs of one session, "
+    "GNNPipe's and the single process's alternating (`python -m benchmarks.time_to_accuracy.worker` through "
+    "`bench.measure`, free link; 300k: 3-epoch fits, median of epochs 2 and 3 over 4-5 runs of each; 1M: one "
+    "2-epoch fit of each, the second epoch). Epochs to 99% of exact's best validation accuracy come from the 30-epoch "
+    "accuracy runs below (the code since computes the same values, only faster).",
     "",
-    "| nodes | model | mode | earlier code: train + val s / epoch | current code | exact, one process (huge pages) "
-    "| epoch ÷ exact | epochs to 99% (GNNPipe, exact) | s to 99% ÷ exact (≤ 0.7x) | largest rank's peak USS, "
-    "earlier → current (exact) |",
-    "|---|---|---|---|---|---|---|---|---|---|",
-    "| 300k | gcnii16 | `GNNPipeStrategy()` | 20.6 + 9.9 | 11.9 + 6.2 | 26.2 + 4.8 | 0.58x | not reached | – "
-    "| 1.74 → 1.91 GiB (3.32) |",
-    "| 300k | gcnii16 | " + LABEL_EXACT_FORWARD + " | 21.4 + 8.9 | 14.7 + 6.8 | 26.2 + 4.8 | 0.69x | 30, 28 (seed 0); "
-    "28, 27 (seed 1) | 0.74x, 0.72x | 2.62 → 3.06 GiB (3.32) |",
-    "| 300k | ressage8 | `GNNPipeStrategy()` | 14.1 + 3.9 | 9.6 + 3.3 | 13.4 + 3.1 | 0.78x | 30, 30 (both seeds) "
-    "| 0.78x | 1.57 → 1.63 GiB (2.81) |",
-    "| 1M | gcnii16 | " + LABEL_EXACT_FORWARD + " | – | 66.7 + 27.5 | 81.1 + 15.8 | 0.97x | 29, 27 | 1.04x "
-    "| 6.56 GiB (10.28) |",
-    "| 1M | ressage8 | `GNNPipeStrategy()` | – | 37.3 + 11.8 | 40.3 + 10.6 | 0.96x | 30, 30 | 0.96x "
-    "| 3.55 GiB (8.63) |",
+    "| nodes | model | mode | GNNPipe train + val s / epoch | exact, one process | epoch ÷ exact "
+    "| epochs to 99% (GNNPipe, exact) | s to 99% ÷ exact (≤ 0.7x) | peak USS, largest rank (exact) |",
+    "|---|---|---|---|---|---|---|---|---|",
+    "| 300k | gcnii16 | " + LABEL_EXACT_FORWARD + " | 13.0 + 5.8 | 23.2 + 4.1 | 0.69x | 30, 28 (seed 0); 28, 27 "
+    "(seed 1) | 0.74x, 0.71x | 2.9-3.1 GiB (3.3) |",
+    "| 300k | ressage8 | `GNNPipeStrategy()` | 8.2 + 3.0 | 12.7 + 2.9 | 0.71x | 30, 30 (both seeds) | 0.71x "
+    "| 1.6-1.7 GiB (2.8) |",
+    "| 1M | gcnii16 | " + LABEL_EXACT_FORWARD + " | 57.3 + 21.3 | 89.9 + 15.0 | 0.75x | 29, 27 | 0.80x "
+    "| 6.58 GiB (10.25) |",
+    "| 1M | ressage8 | `GNNPipeStrategy()` | 32.8 + 10.6 | 38.6 + 11.1 | 0.87x | 30, 30 | 0.87x "
+    "| 3.56 GiB (8.63) |",
     "",
-    "So the current code shortens GCNII-16's training step by 31-42% and its exact validation (the stages one after "
-    "the other) by 24-37%, to 1.3x-1.4x the single process's validation; GraphSAGE-8's training step by 32%. "
-    "GNNPipe's epoch is 0.58x to 0.78x the single process's at 300k, and its time to 99% of exact's best validation accuracy 0.72x "
-    "to 0.78x (target 0.7x: missed, by little with GCNII-16's option). At 1M on this host it is no faster than the "
-    "single process (0.96x to 0.97x of its epoch; on the page's host, with earlier code and a single process without "
-    "huge pages, 0.65x to 0.79x of its time to 99%). Part of that is fresh memory: at 1M every chunk-sized tensor (125,000 rows "
-    "x 64 floats, 30.5 MiB) is a fresh mapping under the ranks' 16 MiB mmap threshold, which this host faults in "
-    "slowly; with glibc's dynamic threshold (`GNNPipeStrategy(heap_mmap_threshold=None)`, one run) GraphSAGE-8's 1M "
-    "epoch took 34.0 + 11.4 s (0.89x exact's) at the same peak USS, 3.57 GiB. "
-    "A host's figures vary from session to session (this one's single process at 1M: 40.3 s here, 68.4 s on the "
-    "third host), so only runs of one session are set side by side here. The earlier code's validation of GCNII-16 in one process "
-    "(`THP_MEM_ALLOC_ENABLE=1 python -m benchmarks.time_to_accuracy.validation_probe --model gcnii16`): the two "
-    "stages' exact forward 8.33 s, now 5.41 s, the single process's 3.70-3.81 s. On the free link the graph-parallel "
-    "evaluation is the faster one for GCNII-16 too (`GNNPipeStrategy(evaluation=\"graph_parallel\")`, defaults "
-    "otherwise, one run: validation 4.5 and 5.0 s in epochs 2 and 3, against 6.2 s pipelined; peak USS 2.00 GiB), "
-    "but `\"auto\"` keeps the pipelined one, which sends 0.35x its bytes; the history refresh of "
-    "`refresh_every=1` always runs pipelined.",
+    "So at 300k GNNPipe's time to 99% of exact's best validation accuracy is 0.71x-0.74x the single process's: the "
+    "0.7x target is missed by little, at 1M 0.80x-0.87x (one run each; the single process's first epochs took 76.3 + 15.4 s with GCNII-16, 44.9 + 9.7 s with GraphSAGE-8). Where the time goes, GCNII-16 at 300k: GNNPipe's "
+    "training step is 0.56x the single process's (two processes on two cores: 0.5x at best), its exact validation "
+    "1.43x (5.8 against 4.1 s), and it needs 1-2 more epochs (30 against 28, 28 against 27). With validation at "
+    "the single process's cost the epoch would be 0.63x and the time to 99% 0.65x-0.67x. The validation runs the "
+    "two stages one after the other, each with both cores (each rank's stage forward 2.6-3.2 s in a fit, against "
+    "3.6-3.9 s for the single process's whole forward): a stage computes a layer chunk by chunk, each chunk reading "
+    "a gathered copy of its inner and halo rows (on this graph a chunk's halo is about as large as the chunk). "
+    "Running such a layer once on all rows instead (the chunks' CSR operators side by side, columns renamed to the "
+    "rows' positions) was tried and left out: GCNII-16's validation 5.95 -> 5.65 s, GraphSAGE-8's unchanged (2.90 "
+    "-> 2.99 s), but the largest rank's peak USS grew by 0.3 GiB (2.86-2.99 -> 3.17-3.29 GiB: whole-graph "
+    "temporaries instead of chunk-sized ones), 2 runs each.",
     "",
-    "Against graph parallelism, GCNII-16 on the page's graph, same host and session (2 epochs, the second; GNNPipe "
-    "on the free link from the fits above): on the free link graph parallelism's epoch is 16.8 + 6.6 s, 1.29x "
-    "GNNPipe's (the table below: 1.00x); at the 100 Gbit/s rate (163 Mbit/s) GNNPipe takes 18.9 + 10.3 s and graph "
-    "parallelism 38.6 + 18.2 s, 1.95x (the table: 1.60x), sending 2.96x GNNPipe's bytes as before (0.45 against "
-    "0.15 GiB a training step). The rest of the link tables was not measured again.",
+    "Measuring memory costs CPU: the benchmark's sampler in each process reads USS and PSS from the kernel's page "
+    "tables (`psutil`'s `memory_full_info`, about 25 ms of a core for a 3-GiB process). It used to read them 5 times "
+    "a second in every process, which took a larger share of the cores from GNNPipe's three processes (the launcher "
+    "and two ranks) than from the single process; it now reads the kernel's counters (`/proc/self/status`) 5 times a "
+    "second and USS and PSS only at a new high of the private memory, and at least every 2 s "
+    "(`benchmarks/harness/memory.py`). With the old sampler, same code and session, 2 runs: GNNPipe's GCNII-16 epoch "
+    "13.6 + 6.2 s against exact's 22.6 + 3.9 s (0.75x; now 0.69x). The records further down were all measured with "
+    "the old sampler.",
     "",
-    "At 1M (GraphSAGE-8, `GNNPipeStrategy()`, 2 epochs, the second, one run of each code in a row): earlier code "
-    "52.3 + 16.5 s, current 39.2 + 13.2 s; the largest rank's peak USS 3.79 against 3.52 GiB (the other rank 3.09 "
-    "against 2.99): there a chunk's tensors stay above the mmap threshold, and the smaller ones only save memory.",
+    "Since the records: a GCNII layer (`lightning_gnnpipe.nn.gcnii.GCNIILayer`) and PyG's `DeepGCNLayer` compute "
+    "only a chunk's inner rows on the sparse path (`lightning_gnnpipe/nn/inner_rows.py`), where they also computed "
+    "its halo rows and dropped them (on an earlier host, 300k, 2 runs each: GCNII-16's option 21.4 + 8.9 -> 14.7 + "
+    "6.8 s, GraphSAGE-8 14.1 + 3.9 -> 9.6 + 3.3 s; 1M GraphSAGE-8 52.3 + 16.5 -> 39.2 + 13.2 s); a stage's exact "
+    "forward keeps the rows in chunk order, so that a chunk's output is a slice copy, not a scatter; the single "
+    "process runs with torch's transparent huge pages, as the strategies' ranks do (`THP_MEM_ALLOC_ENABLE=1`: "
+    "GCNII-16 at 300k -12% an epoch, GraphSAGE-8 at 1M -23%, so the records' seconds-to-99% ratios are that much "
+    "too favourable to GNNPipe). Memory against time: computing fewer rows makes a chunk's tensors smaller (at "
+    "300k, 37,500 rows x 64 floats, 9.2 MiB), below the ranks' 16 MiB mmap threshold, so they come from the heap, "
+    "which keeps its freed pages (at 300k +0.2-0.4 GiB peak USS); `GNNPipeStrategy(heap_mmap_threshold=8 * 2**20)` "
+    "gave GCNII-16's defaults 1.19 GiB at 13.9 + 7.7 s an epoch (one run). At 1M a chunk's tensors (30.5 MiB) are "
+    "fresh mappings above the threshold; glibc's dynamic threshold (`heap_mmap_threshold=None`) gave GraphSAGE-8's "
+    "1M epoch -9% at the same peak USS (one run).",
     "",
-    "Memory against time: computing fewer rows makes a chunk's tensors smaller (at 300k, 37,500 rows x 64 floats, "
-    "9.2 MiB), below the ranks' 16 MiB mmap threshold, so they come from the heap, which keeps its freed pages: at 300k the "
-    "largest rank's peak USS grows by 0.2-0.4 GiB. With `GNNPipeStrategy(heap_mmap_threshold=8 * 2**20)` GCNII-16's "
-    "defaults peak at 1.19 GiB (earlier code 1.74) at 13.9 + 7.7 s an epoch (one run).",
-    "",
-    "Earlier changes, also after these records (measured on a third host): the single process now runs with torch's "
-    "transparent huge pages, as the strategies' ranks do (`THP_MEM_ALLOC_ENABLE=1`: GCNII-16 at 300k -12% an epoch, "
-    "GraphSAGE-8 at 1M -23%, so the tables' seconds-to-99% ratios to exact are that much too favourable to GNNPipe); "
-    "a stage's exact forward gathers each chunk's local rows once per layer; and the ranks' mmap threshold comes with "
-    "a trim threshold of twice it (glibc's own pairing), so the heap does not hand its top back to the OS chunk "
-    "after chunk.",
+    "Against graph parallelism, GCNII-16 on the page's graph, on the earlier host with the current layers (2 "
+    "epochs, the second): on the free link graph parallelism's epoch is 16.8 + 6.6 s, 1.29x GNNPipe's (the table "
+    "below: 1.00x); at the 100 Gbit/s rate (163 Mbit/s) GNNPipe takes 18.9 + 10.3 s and graph parallelism 38.6 + "
+    "18.2 s, 1.95x (the table: 1.60x), sending 2.96x GNNPipe's bytes (0.45 against 0.15 GiB a training step). The "
+    "rest of the link tables was not measured again. On the free link the graph-parallel evaluation is the faster "
+    "one for GCNII-16's defaults (`GNNPipeStrategy(evaluation=\"graph_parallel\")`, one run: validation 4.5-5.0 "
+    "against 6.2 s pipelined), but `\"auto\"` keeps the pipelined one, which sends 0.35x its bytes; the history "
+    "refresh of `refresh_every=1` always runs pipelined.",
 ]
 
 
