@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 from torch import nn
 from torch_geometric.nn import GATConv, GCNConv
@@ -259,8 +259,60 @@ def release_job(dm):
 
 def test_graph_parallel_evaluation_releases_the_features_off_the_first_stage(graph):
     """The rank without the first stage reads the features only to evaluate; it lets go of their pages after each
-    evaluation (in shared memory, as spawned ranks hold them, that shrinks its resident set), the other rank never."""
+    evaluation and refresh (in shared memory, as spawned ranks hold them, that shrinks its resident set), the other
+    rank never."""
     dm = GraphChunkDataModule(graph, num_chunks=4)
     (first, epochs0), (second, epochs1) = values(run_world(2, release_job, dm))
     assert epochs0 == epochs1 == 3
-    assert first == [] and second == [True] * 3, (first, second)
+    assert first == [] and second == [True] * 4, (first, second)  # the refresh at fit start, then 3 validations
+
+
+class TableSnapshots(Callback):
+    """Copies of this rank's history tables after each validation."""
+
+    def __init__(self) -> None:
+        self.tables = []
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        stages = trainer.strategy._runtime.stages
+        self.tables.append({k: t.emb.clone() for s in stages for k, t in s.histories.items()})
+
+
+def refresh_job(dm, devices, model, evaluation):
+    """Fit 3 epochs with a refresh before each (``refresh_every=1``); this rank's tables after each validation, the
+    training losses, the logged drift and how often the pipelined exact forward ran."""
+    from lightning_gnnpipe.pipeline.runtime import PipelineRuntime
+
+    calls, original = [], PipelineRuntime.full_forward
+    PipelineRuntime.full_forward = lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
+    try:
+        torch.manual_seed(0)
+        snap = TableSnapshots()
+        out = fit_rank(EvalGNN(EVAL_MODELS[model]()), dm, devices, 3, callbacks=[snap],
+                       strategy_kwargs={"evaluation": evaluation, "refresh_every": 1})
+    finally:
+        PipelineRuntime.full_forward = original
+    drift = [{k: v for k, v in m.items() if k.startswith("gnnpipe/drift")} for m in out["metrics"]]
+    return {"tables": snap.tables, "losses": out["losses"], "drift": drift, "pipelined": len(calls)}
+
+
+@pytest.mark.parametrize("devices,model", [(2, "gcnii"), (3, "gcn")])
+def test_graph_parallel_refresh_fills_the_tables_as_the_pipelined_one(graph, devices, model):
+    """With ``refresh_every=1`` every validation but the last is a refresh: graph-parallel, each rank sends its
+    part's table rows to the table's stage; the tables, the drift and the training that reads them equal the
+    pipelined refresh's, and no pipelined forward runs."""
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+    split = values(run_world(devices, refresh_job, dm, devices, model, "graph_parallel"))
+    piped = values(run_world(devices, refresh_job, dm, devices, model, "pipeline"))
+    assert all(r["pipelined"] == 0 for r in split) and all(r["pipelined"] >= 3 for r in piped)
+    for a, b in zip(split, piped):  # rank by rank
+        assert len(a["tables"]) == 3 and a["tables"][0]
+        for ta, tb in zip(a["tables"][:2], b["tables"][:2]):  # the last validation is no refresh
+            assert ta.keys() == tb.keys()
+            for k in ta:
+                torch.testing.assert_close(ta[k], tb[k], atol=1e-5, rtol=1e-5)
+        assert any(not torch.allclose(a["tables"][0][k], a["tables"][1][k]) for k in a["tables"][0])  # rewritten
+        torch.testing.assert_close(a["losses"], b["losses"], atol=1e-5, rtol=0)
+        assert a["drift"][1] and a["drift"][1].keys() == b["drift"][1].keys()
+        for k in a["drift"][1]:
+            assert abs(a["drift"][1][k] - b["drift"][1][k]) <= 1e-4 * max(1.0, abs(b["drift"][1][k]))

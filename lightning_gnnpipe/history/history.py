@@ -98,6 +98,17 @@ class History(nn.Module):
         return squares
 
     @torch.no_grad()
+    def refresh_rows(self, index: Tensor, value: Tensor) -> Tuple[float, float]:
+        """:meth:`refresh` for some rows: overwrite the rows of nodes ``index`` ``(n,)`` with exact embeddings
+        ``value`` ``(n, d)``; return ``||old - value||^2`` and ``||value||^2`` over them (the sums of disjoint parts
+        that cover the table add up to :meth:`refresh`'s)."""
+        rows = self._rows(index)
+        diff = float(torch.linalg.vector_norm(self.emb.index_select(0, rows) - value, dtype=torch.float32))
+        squares = (diff * diff, float(torch.linalg.vector_norm(value, dtype=torch.float32)) ** 2)
+        self.emb.index_copy_(0, rows, value.to(self.emb.dtype))
+        return squares
+
+    @torch.no_grad()
     def reset(self) -> None:
         """Zero the table."""
         self.emb.zero_()

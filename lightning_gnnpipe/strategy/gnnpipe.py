@@ -27,7 +27,7 @@ from lightning_gnnpipe.strategy.checkpoint import PipelineCheckpointHooks, resto
 from lightning_gnnpipe.strategy.checks import check_layout, check_lightning_usage, check_pipeline_options
 from lightning_gnnpipe.strategy.failures import unwrap_stage_error
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
-from lightning_gnnpipe.strategy.graph_parallel_eval import GraphParallelEvaluation
+from lightning_gnnpipe.strategy.graph_parallel_eval import GraphParallelEvaluation, exact_forward
 from lightning_gnnpipe.strategy.precision import global_norm_clipping
 from lightning_gnnpipe.strategy.schedule_choice import ScheduleChoice, choose_schedule, probe_on_one_rank
 from lightning_gnnpipe.strategy.state import tensor_owners
@@ -64,9 +64,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         refresh_on_start: Fill the history tables with an exact forward at the start of fit (and
             of a resumed fit), instead of starting from zeros. On resume from a checkpoint that
             holds the tables, they are loaded instead (no refresh).
-        refresh_every: Also refresh every this many epochs (0: never): one no-grad full-graph forward, or none
-            where the fit's validation ran just before it in full precision (that forward, pipelined, writes the
-            tables). With ``log_staleness=True`` (the default) its time is logged as ``gnnpipe/refresh_seconds``.
+        refresh_every: Also refresh every this many epochs (0: never): one no-grad exact forward (that of the fit's
+            validation just before it, in full precision). Its time is logged as ``gnnpipe/refresh_seconds``.
         history_momentum: Moving-average momentum ``m`` of the tables: a write stores ``m * old + (1 - m) * new``.
         history_dtype: Dtype of the history tables (default ``None``: torch's, float32); ``torch.bfloat16`` or
             ``"bfloat16"`` halves their bytes, and halo rows are then read rounded (docs/results/notes/memory.md).
@@ -93,10 +92,9 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             halo). Same results, one more forward; less memory for blocks with large intermediates (edge-list
             convs), more for PyG layers on the sparse path (docs/results/scale.md). GPipe keeps every chunk's
             activations until the backward; 1F1B at most about ``S`` chunks' (the schedule that keeps least).
-        evaluation: The exact forward of evaluation: ``"graph_parallel"`` (``"auto"`` when ``G = 1``, ``K >= S``, no
-            ``bf16-mixed`` and at most 2x the bytes): all ranks at once, a group of chunks each, halo rows exchanged
-            per layer (``strategy/graph_parallel_eval.py``); ``"pipeline"``: stage after stage, ``|V| x d`` each
-            (also a validation that is a due refresh, see ``refresh_every``).
+        evaluation: The exact forward of evaluation and refreshes: ``"graph_parallel"`` (``"auto"`` when ``G = 1``,
+            ``K >= S``, no ``bf16-mixed``, at most 2x the bytes): all ranks at once, halo rows exchanged per layer
+            (``strategy/graph_parallel_eval.py``); ``"pipeline"``: stage after stage, ``|V| x d`` each.
         **kwargs: ``timeout``, ``exchange_timeout``, ``start_method``, ``process_group_backend``, ``profile_epoch``,
             ``trace_dir``, ``heap_mmap_threshold``, ``huge_pages``: see :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`.
 
@@ -216,7 +214,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             self.evaluation, self.graph_parallel_size, stack.blocks, plan, data.edge_index, x, topo.num_stages,
             self.stage_index, self._pp_group, self.root_device, runtime.boundary_dtype != x.dtype, self._dims, virtual)
         check_stage_widths(runtime.widths, self._pp_group)
-        self._history = HistoryLifecycle(runtime.stages, runtime.full_forward, self.refresh_every, self.log_staleness,
+        self._history = HistoryLifecycle(runtime.stages, self._exact_forward, self.refresh_every, self.log_staleness,
                                          runtime.stale_stats(trainer.datamodule), runtime.boundary_dtype != x.dtype)
         if trainer.state.fn == TrainerFn.FITTING:
             self._loss = UserLoss(self.lightning_module, stack.module, runtime.stages[-1].graph.nodes)
@@ -276,9 +274,11 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
     def full_logits(self) -> Tensor:
         if self._history.refreshes_in_evaluation(self.lightning_module.trainer):  # one forward: evaluation, refresh
             return self._history.refresh_in_evaluation(self.lightning_module.trainer)
+        return self._exact_forward()
+
+    def _exact_forward(self, **kwargs: Any) -> Tensor:  # write_history, drift: graph_parallel_eval.exact_forward
         split = self._evaluation = self._evaluation() if isinstance(self._evaluation, partial) else self._evaluation
-        return self._runtime.full_forward() if split is None else split(  # None: evaluation="pipeline"
-            self.lightning_module, self._owners, self._runtime.stages[0].epoch)
+        return exact_forward(split, self._runtime, self.lightning_module, self._owners, self._layers, **kwargs)
 
     def kept_bytes(self) -> Tuple[int, int]:  # (history tables, chunk graphs) of this rank's stages, in bytes
         tables, graphs = self._runtime.kept_bytes() if self._runtime is not None else (0, 0)

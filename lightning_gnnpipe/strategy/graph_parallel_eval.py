@@ -13,12 +13,13 @@ they differ by the pipeline's rounding at stage boundaries). Bytes per evaluatio
 broadcast per owner and dtype) and every message-passing layer's halo rows of the parts, against ``|V| x d`` per stage
 boundary for the pipelined forward.
 
-The history refresh keeps the pipelined forward: it fills each stage's tables with the inputs of that stage's layers.
+A history refresh runs in the same forward where the evaluation runs graph-parallel (:meth:`GraphParallelEvaluation.refresh`:
+each rank sends its part's rows of every table to the table's stage, :mod:`~lightning_gnnpipe.strategy.graph_parallel_refresh`).
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -30,10 +31,11 @@ from lightning_gnnpipe.data.chunk import ChunkPlan
 from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
 from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
 from lightning_gnnpipe.nn.gcn_norm import norm_keys
-from lightning_gnnpipe.nn.stack import takes_x0, uses_graph
+from lightning_gnnpipe.nn.stack import eval_mode, takes_x0, uses_graph
 from lightning_gnnpipe.pipeline.initial_embedding import recomputes_x0
 from lightning_gnnpipe.strategy.allocator import release_shared_pages
 from lightning_gnnpipe.strategy.checks import AUTO_MAX_BYTES_RATIO, resolve_evaluation  # noqa: F401  (its rule)
+from lightning_gnnpipe.strategy.graph_parallel_refresh import TableRefresh
 from lightning_gnnpipe.strategy.partition_forward import PartitionForward
 from lightning_gnnpipe.strategy.state import sync_stage_tensors
 
@@ -92,6 +94,7 @@ class GraphParallelEvaluation:
                                                                          device), x)
         self.group, self.num_nodes, self.dtype = group, plan.num_nodes, x.dtype
         self.release_features = release_features
+        self.plan, self.parts, self.position = plan, parts, position
 
     @staticmethod
     def build(evaluation: str, graph_parallel_size: int, blocks: List[nn.Module], plan: ChunkPlan, edge_index: Tensor,
@@ -131,6 +134,44 @@ class GraphParallelEvaluation:
             release_shared_pages([self.forward.runner.x])
         return full
 
+    def refresh(self, module: nn.Module, owners: Dict[int, int], epoch: int, stages: List[nn.Module],
+                layer_owner: Dict[int, int], drift: Dict[int, Tuple[float, float]]) -> Tensor:
+        """:meth:`__call__` that also refills every stage's history tables (a history refresh, in eval mode:
+        :class:`~lightning_gnnpipe.strategy.graph_parallel_refresh.TableRefresh`; a collective over the group).
+
+        Args:
+            stages: This rank's stages; ``layer_owner``: the position of the rank that keeps each layer's table.
+            drift: Receives each of this rank's tables' ``(||old - exact||^2, ||exact||^2)``.
+        """
+        self.forward.on_layer_input = TableRefresh(stages, layer_owner, self.parts, self.plan, self.position,
+                                                   self.group, drift)
+        try:
+            with eval_mode(self.forward.blocks):
+                return self(module, owners, epoch)
+        finally:
+            self.forward.on_layer_input = None
+
     def nbytes(self) -> int:
         """Bytes of the part's chunk graph."""
         return self.forward.graph.nbytes()
+
+
+def exact_forward(split: Optional[GraphParallelEvaluation], runtime: Any, module: nn.Module, owners: Dict[int, int],
+                  layers: List[List[int]], write_history: bool = False,
+                  drift: Optional[Dict[int, Tuple[float, float]]] = None) -> Tensor:
+    """GNNPipe's exact forward, the logits ``(|V|, C)`` on every rank: graph-parallel where the evaluation is (``split``;
+    a refresh, ``write_history``, fills the tables there too), else pipelined
+    (:meth:`~lightning_gnnpipe.pipeline.runtime.PipelineRuntime.full_forward`, also under hybrid parallelism).
+
+    Args:
+        runtime: The rank's :class:`~lightning_gnnpipe.pipeline.runtime.PipelineRuntime`.
+        owners: The rank that trains each block's tensors; ``layers``: the layers of each pipeline position.
+        drift: Receives each refreshed table's squared norms (:meth:`~lightning_gnnpipe.history.history.History.refresh`).
+    """
+    if split is None or runtime.layout.graph_parallel_size > 1:
+        return runtime.full_forward(write_history=write_history, drift=drift)
+    args = (module, owners, runtime.stages[0].epoch)
+    if not write_history:
+        return split(*args)
+    owner = {layer: s for s, own in enumerate(layers) for layer in own}
+    return split.refresh(*args, runtime.stages, owner, drift if drift is not None else {})

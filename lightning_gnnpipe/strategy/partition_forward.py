@@ -10,7 +10,7 @@ a part is its one chunk (``K = G``).
 
 from __future__ import annotations
 
-from typing import List
+from typing import Callable, List, Optional
 
 from torch import Tensor, nn
 
@@ -31,6 +31,10 @@ class PartitionForward(nn.Module):
             for evaluation).
         x: Node features of the whole graph ``(|V|, F)``; layer 0 reads its halo rows here.
 
+    Attributes:
+        on_layer_input: Called ``(layer, h)`` with this part's input rows ``(n_r, d)`` of every message-passing layer
+            ``>= 1``, before its halo exchange (a graph-parallel history refresh); ``None`` by default.
+
     Shapes:
         ``forward()`` -> ``(n_r, C)``: the output rows of this part's nodes.
     """
@@ -41,6 +45,7 @@ class PartitionForward(nn.Module):
         self.graph, self.partitions, self.part = graph, partitions, partitions.index
         self.runner = ChunkRunner(blocks, list(range(len(blocks))), graph, x=x, chunks=[self.part],
                                   carry_x0=any(takes_x0(b) for b in blocks))
+        self.on_layer_input: Optional[Callable[[int, Tensor], None]] = None  # (layer, this part's input rows)
 
     def forward(self, epoch: int = 0) -> Tensor:
         """This part's output rows ``(n_r, C)``; ``epoch`` keys :class:`~lightning_gnnpipe.nn.NodeDropout`'s masks."""
@@ -50,5 +55,7 @@ class PartitionForward(nn.Module):
 
     def _fill_halo(self, layer: int, h: Tensor, c: int, out: Tensor) -> Tensor:
         """Every halo row of ``layer`` comes from its owner part, live (gradients go back)."""
+        if self.on_layer_input is not None:
+            self.on_layer_input(layer, h)
         self.partitions.halo_into(h, c, self.graph.halo[c], out)
         return h
