@@ -137,8 +137,8 @@ class GNNStage(nn.Module):
         if ids is not None:  # hybrid: rows of this partition's chunks and of their halos only
             rows = _row_map(ids, num_nodes)
         else:  # only boundary nodes (some chunk's halo) are ever read from a table: keep rows for them alone
-            ids = torch.cat([graph.halo[c] for c in self.chunks]).unique()
-            if ids.numel() <= BOUNDARY_ROWS * num_nodes:
+            ids = boundary_nodes([graph.halo[c] for c in self.chunks], num_nodes)
+            if ids is not None:
                 rows = _row_map(ids, num_nodes)
                 for c in self.chunks:
                     self._pushed[c] = (rows["row_of"][graph.nodes[c]] >= 0).nonzero().view(-1)
@@ -256,6 +256,13 @@ class GNNStage(nn.Module):
         if self.is_last:
             h = self.partitions.gather_rows(h)
         return self._outputs(h, h0, h.size(0))
+
+
+def boundary_nodes(halos: List[Tensor], num_nodes: int) -> Optional[Tensor]:
+    """The nodes a stage's tables keep rows for: those of the chunks' halos ``(R,)``, sorted, or ``None`` (every node)
+    when they are more than :data:`BOUNDARY_ROWS` of ``num_nodes``. Raises nothing."""
+    ids = torch.cat(halos).unique()
+    return ids if ids.numel() <= BOUNDARY_ROWS * num_nodes else None
 
 
 def _row_map(ids: Tensor, num_nodes: int) -> Dict[str, Tensor]:

@@ -65,7 +65,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             of a resumed fit), instead of starting from zeros. On resume from a checkpoint that
             holds the tables, they are loaded instead (no refresh).
         refresh_every: Also refresh every this many epochs (0: never): one no-grad exact forward (that of the fit's
-            validation just before it, in full precision). Its time is logged as ``gnnpipe/refresh_seconds``.
+            validation just before it, in full precision); ``log_staleness`` logs ``gnnpipe/refresh_seconds``.
         history_momentum: Moving-average momentum ``m`` of the tables: a write stores ``m * old + (1 - m) * new``.
         history_dtype: Dtype of the history tables (default ``None``: torch's, float32); ``torch.bfloat16`` or
             ``"bfloat16"`` halves their bytes, and halo rows are then read rounded (docs/results/notes/memory.md).

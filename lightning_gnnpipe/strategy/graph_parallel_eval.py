@@ -164,9 +164,16 @@ def exact_forward(split: Optional[GraphParallelEvaluation], runtime: Any, module
     (:meth:`~lightning_gnnpipe.pipeline.runtime.PipelineRuntime.full_forward`, also under hybrid parallelism).
 
     Args:
+        split: The graph-parallel evaluation, or ``None`` (``evaluation`` resolved to ``"pipeline"``).
         runtime: The rank's :class:`~lightning_gnnpipe.pipeline.runtime.PipelineRuntime`.
-        owners: The rank that trains each block's tensors; ``layers``: the layers of each pipeline position.
+        module: The user's LightningModule; ``owners``: the rank that trains each block's tensors; ``layers``: the
+            layers of each pipeline position.
+        write_history: Refill the history tables (a refresh).
         drift: Receives each refreshed table's squared norms (:meth:`~lightning_gnnpipe.history.history.History.refresh`).
+
+    Raises:
+        RuntimeError: As :class:`~lightning_gnnpipe.strategy.graph_parallel_refresh.TableRefresh` (a table that keeps
+            other rows than a stage holding every chunk would), and a collective's timeout.
     """
     if split is None or runtime.layout.graph_parallel_size > 1:
         return runtime.full_forward(write_history=write_history, drift=drift)

@@ -23,15 +23,13 @@ from torch import Tensor, nn
 
 from lightning_gnnpipe.data.chunk import ChunkPlan
 from lightning_gnnpipe.history.history import History
-from lightning_gnnpipe.pipeline.stage import BOUNDARY_ROWS
+from lightning_gnnpipe.pipeline.stage import boundary_nodes
 
 
 def table_nodes(plan: ChunkPlan) -> Optional[Tensor]:
-    """The nodes whose rows a stage's tables keep when the stage holds every chunk: the boundary nodes (some chunk's
-    halo) ``(R,)``, sorted, or ``None`` (every node) when they are more than ``BOUNDARY_ROWS`` of ``|V|`` (the rule of
-    :class:`~lightning_gnnpipe.pipeline.stage.GNNStage`)."""
-    ids = torch.cat(list(plan.halo)).unique()
-    return ids if ids.numel() <= BOUNDARY_ROWS * plan.num_nodes else None
+    """The nodes whose rows a stage's tables keep when the stage holds every chunk ``(R,)``, or ``None`` (every node):
+    :func:`~lightning_gnnpipe.pipeline.stage.boundary_nodes` of all chunks' halos."""
+    return boundary_nodes(list(plan.halo), plan.num_nodes)
 
 
 class TableRefresh:
@@ -75,6 +73,8 @@ class TableRefresh:
     def __call__(self, layer: int, h: Tensor) -> None:
         """Send this part's input rows ``h`` ``(n_r, d)`` of ``layer``'s table nodes to the table's rank; there, write
         every part's rows (a collective over the group: every rank calls it for the same layers)."""
+        if self.rows and self.rows[0][0].device != h.device:  # the plan's ids live on the CPU
+            self.rows = [(at.to(h.device), ids.to(h.device)) for at, ids in self.rows]
         owner, me, d = self.owner[layer], self.position, h.size(1)
         sizes = [int(at.numel()) * d for at, _ in self.rows]
         send = h.index_select(0, self.rows[me][0]) if me != owner else h.new_empty(0, d)
