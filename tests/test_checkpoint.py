@@ -40,7 +40,8 @@ EPOCHS = 5
 SAVED = 1  # epoch=1.ckpt is written after the second epoch ...
 RESUMED = SAVED + 1  # ... and the resumed run trains epochs 2, 3, 4
 TIGHT = 1e-6  # |loss difference| allowed between a run and its single-process reference
-PIPELINES = {"1f1b": {"schedule": "1f1b"}, "zbv": {"schedule": "zbv", "stages_per_rank": 2}}
+HISTORICAL = {"refresh_every": 0}  # halo rows from the tables as the last epoch left them: what a resume must restore
+PIPELINES = {"1f1b": {"schedule": "1f1b", **HISTORICAL}, "zbv": {"schedule": "zbv", "stages_per_rank": 2, **HISTORICAL}}
 
 
 def _last_stage(results):
@@ -87,10 +88,10 @@ def test_resume_bit_exact_with_history_tables(tmp_path, graph):
     model = functools.partial(DropoutGCN, 16, 32, 4, 4)
     ckpt = tmp_path / "ckpt"
     full = _last_stage(run_world(2, losses_job, model(), dm, 2, 6, ckpt_dir=str(ckpt),
-                                 strategy_kwargs={"save_history": True}))
+                                 strategy_kwargs={"save_history": True, **HISTORICAL}))
     # epoch=2.ckpt was written after the third epoch (epochs count from 0).
     resumed = _last_stage(run_world(2, losses_job, model(), dm, 2, 6, ckpt_path=str(ckpt / "epoch=2.ckpt"),
-                                    strategy_kwargs={"save_history": True}))
+                                    strategy_kwargs={"save_history": True, **HISTORICAL}))
     assert len(full) == 6 and len(resumed) == 3
     assert resumed == full[3:]  # bit for bit
 
@@ -113,12 +114,13 @@ def test_resume_bit_exact_with_history_tables(tmp_path, graph):
     # Without the tables the resume refills them exactly (no dropout, the saved weights): it continues as the
     # resume from a checkpoint holding the exact tables, computed here by the unsplit model (tests/reference.py).
     saved = str(ckpt / "epoch=2.ckpt")
-    bare = _last_stage(run_world(2, losses_job, model(), dm, 2, 6,
+    bare = _last_stage(run_world(2, losses_job, model(), dm, 2, 6, strategy_kwargs=HISTORICAL,
                                  ckpt_path=rewrite_history(saved, tmp_path / "no_history.ckpt")))
     plain.eval()
     exact = exact_inputs([functools.partial(gcn_layer, plain.gnn, layer) for layer in range(4)], graph)
-    with_exact = _last_stage(run_world(2, losses_job, model(), dm, 2, 6, ckpt_path=rewrite_history(
-        saved, tmp_path / "exact_history.ckpt", {layer: exact[layer] for layer in (1, 2, 3)})))
+    with_exact = _last_stage(run_world(2, losses_job, model(), dm, 2, 6, strategy_kwargs=HISTORICAL,
+                                       ckpt_path=rewrite_history(saved, tmp_path / "exact_history.ckpt",
+                                                                 {layer: exact[layer] for layer in (1, 2, 3)})))
     effect = max(abs(a - b) for a, b in zip(with_exact, full[3:]))
     print(f"resume without history tables: max |loss - resume with exact tables| = "
           f"{max(abs(a - b) for a, b in zip(bare, with_exact)):.2e}; exact vs saved tables: {effect:.2e}")

@@ -29,8 +29,8 @@ def test_one_chunk_two_stages_equals_single_device(tmp_path, graph):
 
 @pytest.mark.parametrize("stages,schedule", [(2, "gpipe"), (2, "1f1b"), (4, "gpipe"), (4, "1f1b")])
 def test_four_chunks_equal_sequential_reference(tmp_path, graph, stages, schedule):
-    dm = GraphChunkDataModule(graph, num_chunks=4)
-    ref = chunked_reference(ChunkLossGCN(16, 32, 4, 4), graph, dm.plan, EPOCHS)
+    dm = GraphChunkDataModule(graph, num_chunks=4)  # the defaults validate every epoch: a refresh in each validation
+    ref = chunked_reference(ChunkLossGCN(16, 32, 4, 4), graph, dm.plan, EPOCHS, refresh_every=1)
     module = ChunkLossGCN(16, 32, 4, 4)
     ranks = fit(str(tmp_path), module, dm, devices=stages, strategy=GNNPipeStrategy(schedule=schedule),
                 epochs=EPOCHS)
@@ -41,11 +41,11 @@ def test_four_chunks_equal_sequential_reference(tmp_path, graph, stages, schedul
 
 @pytest.mark.parametrize("schedule", ["interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv"])
 def test_multi_stage_schedules_equal_sequential_reference(tmp_path, graph, schedule):
-    # S = 2 ranks x v = 2 stages per rank: 4 one-layer stages (zbv: the last one on rank 0), K = 4.
+    # S = 2 ranks x v = 2 stages per rank: 4 one-layer stages (zbv: the last one on rank 0), K = 4; historical rows
     dm = GraphChunkDataModule(graph, num_chunks=4)
     ref = chunked_reference(ChunkLossGCN(16, 32, 4, 4), graph, dm.plan, EPOCHS)
     ranks = fit(str(tmp_path), ChunkLossGCN(16, 32, 4, 4), dm, devices=2,
-                strategy=GNNPipeStrategy(schedule=schedule, stages_per_rank=2), epochs=EPOCHS)
+                strategy=GNNPipeStrategy(schedule=schedule, stages_per_rank=2, refresh_every=0), epochs=EPOCHS)
     torch.testing.assert_close(losses(ranks[0]), ref, atol=1e-6, rtol=0)
     assert losses(ranks[1]) == losses(ranks[0])
     # Every stage's P2P is counted; zbv passes stage 1 -> 2 inside rank 1 (no transfer): K chunks of M rows x 32.
@@ -83,30 +83,38 @@ def test_techniques_equal_sequential_reference(tmp_path, graph):
     assert 0 < ranks[0][-1]["gnnpipe/drift_layer1"] < 1
 
 
-def test_validation_before_a_refresh_is_the_refresh(tmp_path, graph, monkeypatch):
+@pytest.mark.parametrize("refresh_every,trainer_kwargs,reference_every,calls", [
+    (2, {}, 2, "wewewe"),  # the validations before epochs 2 and 4 write the tables
+    ("auto", {}, 1, "wwwwwe"),  # the default with validation every epoch: every validation but the last
+    ("auto", {"check_val_every_n_epoch": 2}, 0, "wee"),  # not every epoch: no refresh (it would cost a forward)
+])
+def test_validation_before_a_refresh_is_the_refresh(tmp_path, graph, monkeypatch, refresh_every, trainer_kwargs,
+                                                    reference_every, calls):
     """With validation every epoch, the refresh that ``refresh_every=2`` owes epochs 2 and 4 is the validation's own
-    pipelined forward (after epochs 1 and 3; not after the last), and training equals the sequential reference."""
+    pipelined forward (after epochs 1 and 3; not after the last), and training equals the sequential reference.
+    ``"auto"`` refreshes at every validation where the fit validates every epoch, and never where it does not."""
     import torch.distributed as dist
 
     from lightning_gnnpipe.pipeline.runtime import PipelineRuntime
 
-    calls, original = tmp_path / "calls", PipelineRuntime.full_forward
-    calls.mkdir()
+    out, original = tmp_path / "calls", PipelineRuntime.full_forward
+    out.mkdir()
 
     def counted(self, write_history=False, drift=None):  # the forked ranks inherit it
-        with open(calls / str(dist.get_rank()), "a") as f:
+        with open(out / str(dist.get_rank()), "a") as f:
             f.write("w" if write_history else "e")
         return original(self, write_history, drift)
 
     monkeypatch.setattr(PipelineRuntime, "full_forward", counted)
     dm = GraphChunkDataModule(graph, num_chunks=4)
-    ref = chunked_reference(GCNModule(16, 32, 4, 4), graph, dm.plan, EPOCHS, refresh_every=2)
+    ref = chunked_reference(GCNModule(16, 32, 4, 4), graph, dm.plan, EPOCHS, refresh_every=reference_every)
     ranks = fit(str(tmp_path), GCNModule(16, 32, 4, 4), dm, devices=2,
-                strategy=GNNPipeStrategy(refresh_every=2, evaluation="pipeline"), epochs=EPOCHS)
+                strategy=GNNPipeStrategy(refresh_every=refresh_every, evaluation="pipeline"), epochs=EPOCHS,
+                **trainer_kwargs)
     torch.testing.assert_close(losses(ranks[1]), ref, atol=1e-6, rtol=0)
-    # refresh at the start, then the validations of epochs 0..4: those before epochs 2 and 4 write the tables
-    assert [(calls / str(r)).read_text() for r in range(2)] == ["wewewe"] * 2
-    assert "gnnpipe/drift_layer1" in ranks[0][-1] and ranks[0][-1]["val_acc"] == ranks[1][-1]["val_acc"]
+    assert [(out / str(r)).read_text() for r in range(2)] == [calls] * 2  # "w" first: the refresh at the start
+    assert ("gnnpipe/drift_layer1" in ranks[0][-1]) == bool(reference_every)
+    assert [m.get("val_acc") for m in ranks[0]] == [m.get("val_acc") for m in ranks[1]]
 
 
 def test_gcnii_one_chunk_three_stages_equals_single_device(tmp_path, graph):
@@ -179,8 +187,8 @@ def test_refresh_every_epoch_trains_on_the_exact_forward(tmp_path, graph):
     ranks = fit(str(tmp_path), SGDGCNII(16, 32, 4, 4), dm, devices=2, strategy=GNNPipeStrategy(refresh_every=1),
                 epochs=EPOCHS)
     torch.testing.assert_close(losses(ranks[1]), exact, atol=1e-6, rtol=0)
-    plain = fit(str(tmp_path / "plain"), SGDGCNII(16, 32, 4, 4), dm, devices=2, strategy=GNNPipeStrategy(),
-                epochs=EPOCHS)
+    plain = fit(str(tmp_path / "plain"), SGDGCNII(16, 32, 4, 4), dm, devices=2,
+                strategy=GNNPipeStrategy(refresh_every=0), epochs=EPOCHS)
     assert abs(losses(plain[1])[-1] - exact[-1]) > 1e-5  # without the refresh the forward reads stale rows
 
 
@@ -223,7 +231,7 @@ def test_sgd_parameters_equal_the_reference(tmp_path, graph, schedule, devices):
     else:
         dm = GraphChunkDataModule(graph, num_chunks=4)
         reference = SGDChunkLossGCN(16, 32, 4, 4, lr=0.5)
-        chunked_reference(reference, graph, dm.plan, EPOCHS)
+        chunked_reference(reference, graph, dm.plan, EPOCHS, refresh_every=1)  # the default: validation refreshes
         expected = reference.state_dict()
         strategy = GNNPipeStrategy(schedule=schedule)
     fit(str(tmp_path / "p"), SGDChunkLossGCN(16, 32, 4, 4, lr=0.5), dm, devices=devices, strategy=strategy,

@@ -263,3 +263,42 @@ def test_gradient_tables_for_boundary_nodes_only_hand_the_same_gradients(fresh):
     assert torch.equal(got[0], got[1])
     assert torch.equal(got[1], rows([7, 9], [1, 1], [4, 5], [1, 1]))  # node 3: 1 + 1 + 5, node 1: 1 + 3
     assert torch.equal(mapped.collected[-1], torch.zeros(2))  # the zero row stays zero
+
+
+def test_auto_refreshes_every_epoch_only_where_each_refresh_is_a_validation(caplog):
+    """``refresh_every="auto"`` is 1 where the fit validates every epoch in full precision, else 0 with a line why;
+    an int is kept."""
+    import logging
+
+    from lightning.pytorch import LightningModule, Trainer
+
+    from lightning_gnnpipe.strategy.checks import resolve_refresh_every
+    from tests.helpers import GCNModule
+
+    class NoValidation(LightningModule):
+        pass
+
+    def trainer(**kw):
+        t = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False, **kw)
+        t.state.fn = "fit"
+        return t
+
+    module = GCNModule(16, 32, 4, 2)
+    assert resolve_refresh_every("auto", trainer(), module) == 1
+    assert resolve_refresh_every(0, trainer(), module) == 0 and resolve_refresh_every(3, trainer(), module) == 3
+    with caplog.at_level(logging.INFO):
+        assert resolve_refresh_every("auto", trainer(), NoValidation()) == 0
+        assert resolve_refresh_every("auto", trainer(limit_val_batches=0), module) == 0
+        assert resolve_refresh_every("auto", trainer(check_val_every_n_epoch=2), module) == 0
+        assert resolve_refresh_every("auto", trainer(), module, autocast=True) == 0
+    said = caplog.text
+    for why in ("no validation_step", "limit_val_batches=0", "check_val_every_n_epoch=2", "bf16-mixed"):
+        assert "refresh_every='auto' -> 0" in said and why in said
+
+
+@pytest.mark.parametrize("value", ["always", -1, True, 1.0])
+def test_a_bad_refresh_period_is_refused_with_the_value(value):
+    from lightning_gnnpipe import GNNPipeStrategy
+
+    with pytest.raises(ValueError, match=r"`refresh_every` must be 'auto' or an int >= 0 epochs \(got " + repr(value)):
+        GNNPipeStrategy(refresh_every=value)

@@ -62,7 +62,7 @@ def test_chunk_without_training_nodes_adds_zero(graph):
                                             generator=torch.Generator().manual_seed(1))
     dm = GraphChunkDataModule(graph, num_chunks=3, part=part)
     assert any(not bool(graph.train_mask[nodes].any()) for nodes in dm.plan.nodes)  # chunks may be renumbered
-    ref = chunked_reference(ChunkLossGCN(16, 32, 4, 4), graph, dm.plan, 4)
+    ref = chunked_reference(ChunkLossGCN(16, 32, 4, 4), graph, dm.plan, 4, refresh_every=1)  # validation refreshes
     got = _last_stage(run_world(2, losses_job, MeanChunkLossGCN(16, 32, 4, 4), dm, 2, 4,
                                 strategy_kwargs={"schedule": "1f1b"}))
     torch.testing.assert_close(got, ref, atol=1e-6, rtol=0)
@@ -77,7 +77,7 @@ def test_isolated_nodes_self_loops_duplicate_and_directed_edges(graph):
     ei = ei[:, (ei < 290).all(0)]  # nodes 290..299 become isolated
     g.edge_index = torch.cat([ei, torch.tensor([[3, 3, 7, 7, 10], [3, 3, 8, 8, 10]])], dim=1)  # loops, duplicates
     dm = GraphChunkDataModule(g, num_chunks=3)
-    ref = chunked_reference(GCNModule(16, 32, 4, 4), g, dm.plan, 4)
+    ref = chunked_reference(GCNModule(16, 32, 4, 4), g, dm.plan, 4, refresh_every=1)  # validation refreshes
     got = _last_stage(run_world(2, losses_job, GCNModule(16, 32, 4, 4), dm, 2, 4))
     torch.testing.assert_close(got, ref, atol=1e-6, rtol=0)
 

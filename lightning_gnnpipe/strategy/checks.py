@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Tuple
 
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
@@ -31,6 +34,10 @@ def check_not_multi_stage_hybrid(schedule: str, graph_parallel_size: int) -> Non
 
 
 EVALUATIONS = ("auto", "graph_parallel", "pipeline")
+
+REFRESH_AUTO = "auto"
+"""``refresh_every="auto"`` (the default): refresh every epoch where the fit's validation is the refresh
+(:func:`resolve_refresh_every`)."""
 
 
 AUTO_MAX_BYTES_RATIO = 2.0
@@ -65,7 +72,37 @@ def resolve_evaluation(evaluation: str, graph_parallel_size: int, num_chunks: in
     return evaluation
 
 
-def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: int, history_momentum: float,
+def resolve_refresh_every(refresh_every: Any, trainer: Any, module: Any, autocast: bool = False) -> int:
+    """The refresh period a fit runs: ``"auto"`` is ``1`` where every refresh is the fit's validation just before it
+    (:meth:`~lightning_gnnpipe.history.lifecycle.HistoryLifecycle.refresh_in_evaluation`): a module with a
+    ``validation_step``, ``limit_val_batches`` not 0, ``check_val_every_n_epoch == 1`` and no autocast (a refresh
+    runs in full precision). The validation's exact forward then writes the tables at no extra forward, and the
+    training forward of each epoch reads exact halo rows. Else ``0`` (a refresh would cost an exact forward per epoch),
+    said in one info line in a fit.
+
+    Args:
+        refresh_every: The strategy's option: ``"auto"`` or an int >= 0 (returned as it is).
+        trainer: The Lightning ``Trainer``.
+        module: The ``LightningModule``.
+        autocast: Whether evaluation runs under autocast (``bf16-mixed``).
+
+    Returns:
+        The period in epochs (0: never).
+    """
+    if refresh_every != REFRESH_AUTO:
+        return int(refresh_every)
+    limit, every = trainer.limit_val_batches, trainer.check_val_every_n_epoch
+    why = ("the module has no validation_step" if not is_overridden("validation_step", module)
+           else f"limit_val_batches={limit!r}" if limit == 0
+           else f"check_val_every_n_epoch={every!r}" if every != 1
+           else "evaluation runs under bf16-mixed autocast" if autocast else None)
+    if why is not None and trainer.state.fn == TrainerFn.FITTING:
+        rank_zero_info(f"GNNPipeStrategy: refresh_every='auto' -> 0 ({why}): halo rows are read historical; "
+                       "refresh_every=1 makes them exact at one exact forward per epoch.")
+    return 0 if why else 1
+
+
+def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: Any, history_momentum: float,
                            halo_gradients: str, graph_parallel_size: int, history_dtype: Any = None,
                            evaluation: str = "auto") -> Tuple[str, Optional[torch.dtype], str]:
     """Validate :class:`~lightning_gnnpipe.GNNPipeStrategy`'s own options.
@@ -76,8 +113,8 @@ def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: i
 
     Raises:
         ValueError: Unknown ``schedule`` or a ``stages_per_rank`` it does not take
-            (:func:`~lightning_gnnpipe.pipeline.schedule.check_schedule`), ``refresh_every`` not an int >= 0,
-            ``history_momentum`` outside ``[0, 1)``, unknown ``halo_gradients``, ``graph_parallel_size`` not an
+            (:func:`~lightning_gnnpipe.pipeline.schedule.check_schedule`), ``refresh_every`` neither ``"auto"`` nor an
+            int >= 0, ``history_momentum`` outside ``[0, 1)``, unknown ``halo_gradients``, ``graph_parallel_size`` not an
             int >= 1, ``halo_gradients`` other than ``"detach"`` with hybrid parallelism or a multi-stage schedule, or a
             multi-stage schedule with hybrid parallelism, a ``history_dtype`` that is not a floating-point torch
             dtype or its name, an ``evaluation`` not in :data:`EVALUATIONS`, or ``"graph_parallel"`` with ``G > 1``.
@@ -87,8 +124,10 @@ def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: i
     if history_dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"GNNPipeStrategy: `history_dtype` must be a floating-point torch dtype or its name, e.g. "
                          f"torch.bfloat16 or 'bfloat16' (got {history_dtype!r}). Use None for float32 tables.")
-    if isinstance(refresh_every, bool) or not isinstance(refresh_every, int) or refresh_every < 0:
-        raise ValueError(f"GNNPipeStrategy: `refresh_every` must be an int >= 0 epochs (got {refresh_every!r}).")
+    if refresh_every != REFRESH_AUTO and (isinstance(refresh_every, bool) or not isinstance(refresh_every, int)
+                                          or refresh_every < 0):
+        raise ValueError(f"GNNPipeStrategy: `refresh_every` must be {REFRESH_AUTO!r} or an int >= 0 epochs "
+                         f"(got {refresh_every!r}).")
     if not 0.0 <= history_momentum < 1.0:
         raise ValueError(f"GNNPipeStrategy: `history_momentum` must be in [0, 1) (got {history_momentum}).")
     check_halo_gradients(halo_gradients, "GNNPipeStrategy")

@@ -8,7 +8,7 @@ history refreshes: :class:`~lightning_gnnpipe.history.lifecycle.HistoryLifecycle
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
@@ -24,7 +24,8 @@ from lightning_gnnpipe.pipeline.schedule import AUTO
 from lightning_gnnpipe.pipeline.runtime import PipelineRuntime, RankLayout, check_stage_widths
 from lightning_gnnpipe.strategy.base import WholeGraphStrategy
 from lightning_gnnpipe.strategy.checkpoint import PipelineCheckpointHooks, restore_tables
-from lightning_gnnpipe.strategy.checks import check_layout, check_lightning_usage, check_pipeline_options
+from lightning_gnnpipe.strategy.checks import (check_layout, check_lightning_usage, check_pipeline_options,
+                                              resolve_refresh_every)
 from lightning_gnnpipe.strategy.failures import unwrap_stage_error
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.graph_parallel_eval import GraphParallelEvaluation, exact_forward
@@ -38,18 +39,17 @@ from lightning_gnnpipe.strategy.user_loss import UserLoss, has_chunk_loss
 class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
     """Train a GNN with its layers cut into pipeline stages, one stage per process (or several).
 
-    The ``L`` layer blocks of the model (found automatically in a PyG ``BasicGNN``, or
-    declared with ``pipeline_blocks()``) are cut into ``S = devices`` stages of consecutive
-    layers. The graph, cut into ``K`` chunks by :class:`~lightning_gnnpipe.GraphChunkDataModule`,
-    flows through the stages chunk by chunk under a ``torch.distributed.pipelining`` schedule.
-    Each stage keeps a history table per layer; a chunk reads its halo rows fresh if the halo's
-    chunk already passed that layer in this epoch, historical otherwise (GNNPipe,
-    arXiv 2308.10087, Sec. 4). One optimizer step per epoch, gradients accumulated over all
-    chunks, loss normalised over the whole graph.
+    The ``L`` layer blocks of the model (found automatically in a PyG ``BasicGNN``, or declared with
+    ``pipeline_blocks()``) are cut into ``S = devices`` stages of consecutive layers. The graph, cut into ``K``
+    chunks by :class:`~lightning_gnnpipe.GraphChunkDataModule`, flows through the stages chunk by chunk under a
+    ``torch.distributed.pipelining`` schedule. Each stage keeps a history table per layer; a chunk reads its halo
+    rows fresh if the halo's chunk already passed that layer in this epoch, historical otherwise (GNNPipe, arXiv
+    2308.10087, Sec. 4). One optimizer step per epoch, gradients accumulated over all chunks, loss normalised over
+    the whole graph.
 
-    Training runs the user's unchanged ``training_step`` on the full-graph output (assembled
-    on the last stage and broadcast to every rank, so every rank logs the same values).
-    Validation, test and predict run an exact forward (no historical rows): the true full-graph metrics.
+    Training runs the user's unchanged ``training_step`` on the full-graph output (assembled on the last stage and
+    broadcast to every rank, so every rank logs the same values). Validation, test and predict run an exact forward
+    (no historical rows): the true full-graph metrics.
 
     Args:
         schedule: ``"auto"`` (default): ``"1f1b"`` when the ``training_step`` loss is a sum of per-node terms (checked
@@ -61,32 +61,30 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         stages_per_rank: ``v``, virtual stages per process. The ``L`` layers are cut into ``S * v``
             stages; virtual stage ``i`` runs on rank ``i % S`` (loop placement), or for ``"zbv"`` (``v = 2``)
             rank ``r`` runs stages ``r`` and ``2S - 1 - r`` (V shape). Default 1 (one stage per process).
-        refresh_on_start: Fill the history tables with an exact forward at the start of fit (and
-            of a resumed fit), instead of starting from zeros. On resume from a checkpoint that
-            holds the tables, they are loaded instead (no refresh).
+        refresh_on_start: Fill the history tables with an exact forward at the start of fit (and of a resumed fit),
+            not zeros; a resumed fit whose checkpoint holds the tables loads them instead (no refresh).
         refresh_every: Also refresh every this many epochs (0: never): one no-grad exact forward (that of the fit's
             validation just before it, in full precision); ``log_staleness`` logs ``gnnpipe/refresh_seconds``.
+            ``"auto"`` (default): 1 where the fit validates every epoch, so that the validation is each refresh, else
+            0 (:func:`~lightning_gnnpipe.strategy.checks.resolve_refresh_every`).
         history_momentum: Moving-average momentum ``m`` of the tables: a write stores ``m * old + (1 - m) * new``.
         history_dtype: Dtype of the history tables (default ``None``: torch's, float32); ``torch.bfloat16`` or
             ``"bfloat16"`` halves their bytes, and halo rows are then read rounded (docs/results/notes/memory.md).
         halo_gradients: ``"detach"`` (default) drops gradients that reach halo rows; ``"stale"`` applies them to the
             owner chunk one epoch later (PipeGCN-style); ``"fresh"`` in the same epoch, odd epochs in reverse order.
-        log_staleness: Log per epoch ``gnnpipe/stale_edge_fraction`` (edges read historical, per
-            layer >= 1), ``gnnpipe/stale_age_epochs`` (their mean age) and, at each periodic refresh,
-            ``gnnpipe/drift_layer{l}`` (``||h_hist - h_exact|| / ||h_exact||``).
-        balance: How layers are cut into stages: ``"count"`` (default; equal numbers of
-            layers) or ``"time"`` (equal measured forward+backward time, profiled once on one
-            chunk on rank 0; see :mod:`lightning_gnnpipe.pipeline.balance`).
-        save_history: Also store every history table in checkpoints (``|V| x d_l`` floats per
-            layer), so that a resumed run continues exactly like an uninterrupted one. See
-            ``docs/reliability.md``.
-        graph_parallel_size: ``G``, graph partitions for hybrid parallelism. The ``devices * num_nodes``
-            processes form ``S = devices * num_nodes / G`` stages x ``G`` partitions: rank ``g * S + s`` runs
-            stage ``s`` of partition ``g``'s pipeline, and the ``G`` ranks of a stage exchange halo rows and
-            sum weight gradients (:mod:`~lightning_gnnpipe.comm.partitions`; the rank mesh:
-            :mod:`~lightning_gnnpipe.strategy.topology`). The DataModule must be cut with ``num_parts=G``.
-            Default 1 (pure pipeline parallelism). ``G`` = number of processes and one chunk per partition is
-            exact graph parallelism.
+        log_staleness: Log per epoch ``gnnpipe/stale_edge_fraction`` (edges read historical, per layer >= 1),
+            ``gnnpipe/stale_age_epochs`` (their mean age) and, at each periodic refresh, ``gnnpipe/drift_layer{l}``
+            (``||h_hist - h_exact|| / ||h_exact||``).
+        balance: How layers are cut into stages: ``"count"`` (default; equal numbers of layers) or ``"time"`` (equal
+            measured forward+backward time, profiled once on one chunk on rank 0; ``pipeline/balance.py``).
+        save_history: Also store every history table in checkpoints (``|V| x d_l`` floats per layer), so that a
+            resumed run continues exactly like an uninterrupted one. See ``docs/reliability.md``.
+        graph_parallel_size: ``G``, graph partitions for hybrid parallelism. The ``devices * num_nodes`` processes
+            form ``S = devices * num_nodes / G`` stages x ``G`` partitions: rank ``g * S + s`` runs stage ``s`` of
+            partition ``g``'s pipeline, and the ``G`` ranks of a stage exchange halo rows and sum weight gradients
+            (:mod:`~lightning_gnnpipe.comm.partitions`; the rank mesh: :mod:`~lightning_gnnpipe.strategy.topology`).
+            The DataModule must be cut with ``num_parts=G``. Default 1 (pure pipeline parallelism). ``G`` = number
+            of processes and one chunk per partition is exact graph parallelism.
         activation_checkpointing: Recompute each layer block's forward during its backward
             (``torch.utils.checkpoint``, dropout draws reproduced), keeping only each block's input rows (inner and
             halo). Same results, one more forward; less memory for blocks with large intermediates (edge-list
@@ -119,7 +117,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         self,
         schedule: str = AUTO,
         refresh_on_start: bool = True,
-        refresh_every: int = 0,
+        refresh_every: Union[int, str] = "auto",
         history_momentum: float = 0.0,
         history_dtype: Any = None,
         halo_gradients: str = "detach",
@@ -214,8 +212,10 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             self.evaluation, self.graph_parallel_size, stack.blocks, plan, data.edge_index, x, topo.num_stages,
             self.stage_index, self._pp_group, self.root_device, runtime.boundary_dtype != x.dtype, self._dims, virtual)
         check_stage_widths(runtime.widths, self._pp_group)
-        self._history = HistoryLifecycle(runtime.stages, self._exact_forward, self.refresh_every, self.log_staleness,
-                                         runtime.stale_stats(trainer.datamodule), runtime.boundary_dtype != x.dtype)
+        autocast = runtime.boundary_dtype != x.dtype
+        every = resolve_refresh_every(self.refresh_every, trainer, self.lightning_module, autocast)
+        self._history = HistoryLifecycle(runtime.stages, self._exact_forward, every, self.log_staleness,
+                                         runtime.stale_stats(trainer.datamodule), autocast)
         if trainer.state.fn == TrainerFn.FITTING:
             self._loss = UserLoss(self.lightning_module, stack.module, runtime.stages[-1].graph.nodes)
             batch = self.batch_to_device(trainer.datamodule.data)
