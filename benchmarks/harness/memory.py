@@ -55,10 +55,14 @@ class MemorySampler:
         interval: Seconds between reads of the kernel's counters.
         flush_s: Seconds between writes of ``path``.
         full_every: Most seconds between two full samples.
+        slack: Bytes ``RssAnon`` must grow past its high at the last full sample to trigger one (the interpreter
+            grows by pages all the time; a peak is then read at most ``slack`` low until the next periodic sample).
     """
 
-    def __init__(self, path: Path, interval: float = 0.2, flush_s: float = 1.0, full_every: float = 2.0) -> None:
+    def __init__(self, path: Path, interval: float = 0.2, flush_s: float = 1.0, full_every: float = 2.0,
+                 slack: int = 4 * 2**20) -> None:
         self.path, self.interval, self.flush_s, self.full_every = Path(path), interval, flush_s, full_every
+        self.slack = slack
         self._anon_high, self._last_full = -1, 0.0
         self.peak: Dict[str, int] = {"uss": 0, "pss": 0, "rss": 0}
         self.samples = 0
@@ -87,9 +91,11 @@ class MemorySampler:
         os.replace(tmp, self.path)
 
     def _due(self) -> bool:
-        """Whether a full sample is due: ``RssAnon`` above every earlier full sample's, or ``full_every`` passed."""
+        """Whether a full sample is due: ``RssAnon`` more than ``slack`` above every earlier full sample's, or
+        ``full_every`` passed."""
         anon = rss_anon_bytes()
-        if anon is None or anon > self._anon_high or time.monotonic() - self._last_full >= self.full_every:
+        grew = anon is None or anon > self._anon_high + self.slack
+        if grew or time.monotonic() - self._last_full >= self.full_every:
             self._anon_high, self._last_full = max(self._anon_high, anon or 0), time.monotonic()
             return True
         return False
