@@ -46,7 +46,7 @@ DEFAULT_REFRESH = (
     "`GNNPipeStrategy(refresh_every=0)`, and the short timing and link runs, whose timed epoch is the last and "
     "writes no table) read historical rows. With the refresh, GCNII-16 at 300k ends 1.51 and 1.48 points below "
     "exact training (against 6.53 and 4.90 without it; 2 seeds), at 1M 1.07 below (against 8.58; one seed, largest "
-    "rank's peak USS 3.88 GiB, the option's 7.63), and GraphSAGE-8 +0.79 and +1.07 (+0.41 and +1.33); GCNII-16 "
+    "rank's peak USS 3.88 GiB, the option's 7.63), on the spread graph 0.09 below (against 9.51), and GraphSAGE-8 +0.79 and +1.07 (+0.41 and +1.33); GCNII-16 "
     "still does not reach 99% of exact's best validation accuracy in 30 epochs (best 0.7452 and 0.7383 at 300k, "
     "0.7383 at 1M). "
     "Its cost, one session, alternating 3-epoch fits (epochs 2 and 3): GCNII-16 training 11.5-15.5 s and validation "
