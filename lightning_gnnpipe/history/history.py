@@ -101,7 +101,8 @@ class History(nn.Module):
     def refresh_rows(self, index: Tensor, value: Tensor) -> Tuple[float, float]:
         """:meth:`refresh` for some rows: overwrite the rows of nodes ``index`` ``(n,)`` with exact embeddings
         ``value`` ``(n, d)``; return ``||old - value||^2`` and ``||value||^2`` over them (the sums of disjoint parts
-        that cover the table add up to :meth:`refresh`'s)."""
+        that cover the table add up to :meth:`refresh`'s). Raises nothing: every node of ``index`` must have a row
+        (a boundary node of a table that keeps boundary rows only); the caller's plan guarantees it."""
         rows = self._rows(index)
         diff = float(torch.linalg.vector_norm(self.emb.index_select(0, rows) - value, dtype=torch.float32))
         squares = (diff * diff, float(torch.linalg.vector_norm(value, dtype=torch.float32)) ** 2)

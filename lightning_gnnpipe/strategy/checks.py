@@ -88,6 +88,8 @@ def resolve_refresh_every(refresh_every: Any, trainer: Any, module: Any, autocas
 
     Returns:
         The period in epochs (0: never).
+
+    Raises nothing: a bad ``refresh_every`` is refused before any process starts (:func:`check_pipeline_options`).
     """
     if refresh_every != REFRESH_AUTO:
         return int(refresh_every)
