@@ -6,7 +6,7 @@ from lightning.pytorch import Callback, Trainer
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule
 from tests.helpers import ChunkLossGCN, GCNModule, MetricRecorder, fit, losses, sbm_graph
-from tests.reference import chunked_reference
+from tests.reference import chunked_reference, layer_major_reference
 
 EPOCHS = 5
 
@@ -29,8 +29,10 @@ def test_one_chunk_two_stages_equals_single_device(tmp_path, graph):
 
 @pytest.mark.parametrize("stages,schedule", [(2, "gpipe"), (2, "1f1b"), (4, "gpipe"), (4, "1f1b")])
 def test_four_chunks_equal_sequential_reference(tmp_path, graph, stages, schedule):
-    dm = GraphChunkDataModule(graph, num_chunks=4)  # the defaults validate every epoch: a refresh in each validation
-    ref = chunked_reference(ChunkLossGCN(16, 32, 4, 4), graph, dm.plan, EPOCHS, refresh_every=1)
+    # the defaults validate every epoch: a refresh in each validation, and fresh halo gradients
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+    ref = layer_major_reference(ChunkLossGCN(16, 32, 4, 4), graph, dm.plan, EPOCHS, refresh_every=1,
+                                halo_gradients="fresh")
     module = ChunkLossGCN(16, 32, 4, 4)
     ranks = fit(str(tmp_path), module, dm, devices=stages, strategy=GNNPipeStrategy(schedule=schedule),
                 epochs=EPOCHS)
@@ -107,7 +109,11 @@ def test_validation_before_a_refresh_is_the_refresh(tmp_path, graph, monkeypatch
 
     monkeypatch.setattr(PipelineRuntime, "full_forward", counted)
     dm = GraphChunkDataModule(graph, num_chunks=4)
-    ref = chunked_reference(GCNModule(16, 32, 4, 4), graph, dm.plan, EPOCHS, refresh_every=reference_every)
+    if reference_every == 1:  # "auto" refreshing every epoch: fresh halo gradients too
+        ref = layer_major_reference(GCNModule(16, 32, 4, 4), graph, dm.plan, EPOCHS, refresh_every=1,
+                                    halo_gradients="fresh")
+    else:
+        ref = chunked_reference(GCNModule(16, 32, 4, 4), graph, dm.plan, EPOCHS, refresh_every=reference_every)
     ranks = fit(str(tmp_path), GCNModule(16, 32, 4, 4), dm, devices=2,
                 strategy=GNNPipeStrategy(refresh_every=refresh_every, evaluation="pipeline"), epochs=EPOCHS,
                 **trainer_kwargs)
@@ -184,11 +190,11 @@ def test_refresh_every_epoch_trains_on_the_exact_forward(tmp_path, graph):
         exact.append(float(F.cross_entropy(out[graph.train_mask], graph.y[graph.train_mask])))
         chunked_reference(module, graph, dm.plan, 1, layers=list(find_layer_stack(module.gnn).blocks))
     assert exact[-1] < exact[0] - 1e-3  # it trains
-    ranks = fit(str(tmp_path), SGDGCNII(16, 32, 4, 4), dm, devices=2, strategy=GNNPipeStrategy(refresh_every=1),
-                epochs=EPOCHS)
+    ranks = fit(str(tmp_path), SGDGCNII(16, 32, 4, 4), dm, devices=2,
+                strategy=GNNPipeStrategy(refresh_every=1, halo_gradients="detach"), epochs=EPOCHS)
     torch.testing.assert_close(losses(ranks[1]), exact, atol=1e-6, rtol=0)
     plain = fit(str(tmp_path / "plain"), SGDGCNII(16, 32, 4, 4), dm, devices=2,
-                strategy=GNNPipeStrategy(refresh_every=0), epochs=EPOCHS)
+                strategy=GNNPipeStrategy(refresh_every=0, halo_gradients="detach"), epochs=EPOCHS)
     assert abs(losses(plain[1])[-1] - exact[-1]) > 1e-5  # without the refresh the forward reads stale rows
 
 
@@ -231,7 +237,8 @@ def test_sgd_parameters_equal_the_reference(tmp_path, graph, schedule, devices):
     else:
         dm = GraphChunkDataModule(graph, num_chunks=4)
         reference = SGDChunkLossGCN(16, 32, 4, 4, lr=0.5)
-        chunked_reference(reference, graph, dm.plan, EPOCHS, refresh_every=1)  # the default: validation refreshes
+        # the default: validation refreshes, fresh halo gradients
+        layer_major_reference(reference, graph, dm.plan, EPOCHS, refresh_every=1, halo_gradients="fresh")
         expected = reference.state_dict()
         strategy = GNNPipeStrategy(schedule=schedule)
     fit(str(tmp_path / "p"), SGDChunkLossGCN(16, 32, 4, 4, lr=0.5), dm, devices=devices, strategy=strategy,

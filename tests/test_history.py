@@ -302,3 +302,27 @@ def test_a_bad_refresh_period_is_refused_with_the_value(value):
 
     with pytest.raises(ValueError, match=r"`refresh_every` must be 'auto' or an int >= 0 epochs \(got " + repr(value)):
         GNNPipeStrategy(refresh_every=value)
+
+
+def test_auto_halo_gradients_are_fresh_only_where_the_tables_are_exact_and_the_order_allows():
+    """``halo_gradients="auto"`` is ``"fresh"`` with exact tables at each epoch's start (refresh period 1), one
+    pipeline and a schedule whose backwards follow the forwards' order; else ``"detach"``; a named value is kept."""
+    from lightning_gnnpipe import GNNPipeStrategy
+    from lightning_gnnpipe.strategy.checks import resolve_halo_gradients
+
+    assert resolve_halo_gradients("auto", 1, "auto", 1) == "fresh"
+    assert resolve_halo_gradients("auto", 1, "gpipe", 1) == "fresh"
+    assert resolve_halo_gradients("auto", 1, "1f1b", 1) == "fresh"
+    assert resolve_halo_gradients("auto", 0, "1f1b", 1) == "detach"  # historical tables
+    assert resolve_halo_gradients("auto", 2, "1f1b", 1) == "detach"
+    assert resolve_halo_gradients("auto", 1, "1f1b", 2) == "detach"  # hybrid
+    assert resolve_halo_gradients("auto", 1, "interleaved_1f1b", 1) == "detach"  # multi-stage schedule
+    assert resolve_halo_gradients("detach", 1, "1f1b", 1) == "detach"
+    assert resolve_halo_gradients("stale", 0, "gpipe", 1) == "stale"
+    # "auto" is accepted where a named "fresh" is refused
+    GNNPipeStrategy(schedule="interleaved_1f1b", stages_per_rank=2)
+    GNNPipeStrategy(graph_parallel_size=2)
+    with pytest.raises(ValueError, match=r"halo_gradients='fresh'.*not supported with the multi-stage schedule"):
+        GNNPipeStrategy(schedule="interleaved_1f1b", stages_per_rank=2, halo_gradients="fresh")
+    with pytest.raises(ValueError, match=r"`halo_gradients` must be 'auto' or one of .* \(got 'always'\)"):
+        GNNPipeStrategy(halo_gradients="always")

@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from lightning_gnnpipe import GraphChunkDataModule
 from tests.helpers import ChunkLossGCN, GCNModule, MetricRecorder, sbm_graph
-from tests.reference import chunked_reference
+from tests.reference import layer_major_reference
 from tests.scenarios import (DropoutGCN, MeanChunkLossGCN, RankDependentGCN, callback_summary, callbacks_job,
                              losses_job)
 from tests.world import run_world, values
@@ -62,7 +62,8 @@ def test_chunk_without_training_nodes_adds_zero(graph):
                                             generator=torch.Generator().manual_seed(1))
     dm = GraphChunkDataModule(graph, num_chunks=3, part=part)
     assert any(not bool(graph.train_mask[nodes].any()) for nodes in dm.plan.nodes)  # chunks may be renumbered
-    ref = chunked_reference(ChunkLossGCN(16, 32, 4, 4), graph, dm.plan, 4, refresh_every=1)  # validation refreshes
+    ref = layer_major_reference(ChunkLossGCN(16, 32, 4, 4), graph, dm.plan, 4, refresh_every=1,  # the defaults
+                                halo_gradients="fresh")
     got = _last_stage(run_world(2, losses_job, MeanChunkLossGCN(16, 32, 4, 4), dm, 2, 4,
                                 strategy_kwargs={"schedule": "1f1b"}))
     torch.testing.assert_close(got, ref, atol=1e-6, rtol=0)
@@ -77,7 +78,8 @@ def test_isolated_nodes_self_loops_duplicate_and_directed_edges(graph):
     ei = ei[:, (ei < 290).all(0)]  # nodes 290..299 become isolated
     g.edge_index = torch.cat([ei, torch.tensor([[3, 3, 7, 7, 10], [3, 3, 8, 8, 10]])], dim=1)  # loops, duplicates
     dm = GraphChunkDataModule(g, num_chunks=3)
-    ref = chunked_reference(GCNModule(16, 32, 4, 4), g, dm.plan, 4, refresh_every=1)  # validation refreshes
+    ref = layer_major_reference(GCNModule(16, 32, 4, 4), g, dm.plan, 4, refresh_every=1,  # the defaults
+                                halo_gradients="fresh")
     got = _last_stage(run_world(2, losses_job, GCNModule(16, 32, 4, 4), dm, 2, 4))
     torch.testing.assert_close(got, ref, atol=1e-6, rtol=0)
 

@@ -17,7 +17,7 @@ edges.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -39,29 +39,40 @@ def check_halo_gradients(value: object, owner: str) -> None:
         raise ValueError(f"{owner}: `halo_gradients` must be one of {HALO_GRADIENTS} (got {value!r}).")
 
 
+def _add_rows(grad: Tensor, positions: Optional[Tensor], extra: Tensor) -> Tensor:
+    """``grad`` with ``extra`` added to its rows ``positions`` (all rows when ``None``), out of place."""
+    extra = extra.to(grad.dtype)
+    return grad + extra if positions is None else grad.index_add(0, positions, extra)
+
+
 class _AddToGrad(torch.autograd.Function):
+    """Identity whose backward adds ``extra`` to the rows ``positions`` of the gradient."""
+
     @staticmethod
-    def forward(ctx, h: Tensor, extra: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx, h: Tensor, extra: Tensor, positions: Optional[Tensor]) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(extra)
+        ctx.positions = positions
         return h.view_as(h)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         (extra,) = ctx.saved_tensors
-        return grad + extra.to(grad.dtype), None
+        return _add_rows(grad, ctx.positions, extra), None, None
 
 
 class _AddRowsAtBackward(torch.autograd.Function):
-    """Identity whose backward adds the rows ``index`` of ``table`` as they are when the backward runs."""
+    """Identity whose backward adds the rows ``index`` of ``table`` as they are when the backward runs, to the rows
+    ``positions`` of the gradient."""
 
     @staticmethod
-    def forward(ctx, h: Tensor, table: Tensor, index: Tensor) -> Tensor:  # type: ignore[override]
-        ctx.table, ctx.index = table, index  # not saved for backward: the table changes until then, by design
+    def forward(ctx, h: Tensor, table: Tensor, index: Tensor,  # type: ignore[override]
+                positions: Optional[Tensor]) -> Tensor:
+        ctx.table, ctx.index, ctx.positions = table, index, positions  # not saved: the table changes until then
         return h.view_as(h)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        return grad + ctx.table[ctx.index].to(grad.dtype), None, None
+        return _add_rows(grad, ctx.positions, ctx.table[ctx.index]), None, None, None
 
 
 class HaloGradients(nn.Module):
@@ -97,25 +108,36 @@ class HaloGradients(nn.Module):
     def _rows(self, index: Tensor) -> Tensor:
         return index if self.row_of is None else self.row_of[index]  # -1: the last row, the zero one
 
-    def collect(self, halo_rows: Tensor, index: Tensor) -> Tensor:
-        """Return ``halo_rows`` ``(h, d)`` made differentiable; their gradient is summed into the row of node
-        ``index`` (every one of them a boundary node: one that has a row)."""
-        halo_rows = halo_rows.detach().requires_grad_(True)
+    def collector(self, index: Tensor) -> Callable[[Tensor], None]:
+        """Return a function that sums a gradient ``(h, d)`` of the halo rows of nodes ``index`` ``(h,)`` (every one
+        of them a boundary node: one that has a row) into their rows of ``collected``."""
         rows = self._rows(index)
 
-        def hook(grad: Tensor) -> None:
+        def collect(grad: Tensor) -> None:
             self.collected.index_add_(0, rows, grad.to(self.collected.dtype))
 
-        halo_rows.register_hook(hook)
+        return collect
+
+    def collect(self, halo_rows: Tensor, index: Tensor) -> Tensor:
+        """Return ``halo_rows`` ``(h, d)`` made differentiable; their gradient is summed into the row of node
+        ``index`` (:meth:`collector`, as a hook of a new leaf)."""
+        halo_rows = halo_rows.detach().requires_grad_(True)
+        halo_rows.register_hook(self.collector(index))
         return halo_rows
 
-    def apply(self, h: Tensor, index: Tensor) -> Tensor:
+    def apply(self, h: Tensor, index: Tensor, positions: Optional[Tensor] = None) -> Tensor:
         """Return ``h`` ``(n, d)`` whose backward also carries the gradient of nodes ``index``: last epoch's, or with
-        ``fresh`` what has been collected for them when this backward runs."""
+        ``fresh`` what has been collected for them when this backward runs.
+
+        Args:
+            h: Rows of the owner chunk ``(n, d)``.
+            index: Node of each row of ``h`` ``(n,)``, or with ``positions`` of each of those rows ``(p,)``.
+            positions: The rows of ``h`` that may have a gradient to add (its boundary nodes) ``(p,)``; ``None``: all.
+        """
         rows = self._rows(index)
         if self.fresh:
-            return _AddRowsAtBackward.apply(h, self.collected, rows)
-        return _AddToGrad.apply(h, self.applied[rows])
+            return _AddRowsAtBackward.apply(h, self.collected, rows, positions)
+        return _AddToGrad.apply(h, self.applied[rows], positions)
 
     @torch.no_grad()
     def next_epoch(self) -> None:

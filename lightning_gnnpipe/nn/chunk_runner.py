@@ -31,9 +31,48 @@ from lightning_gnnpipe.nn.chunk_call import ChunkCaller
 from lightning_gnnpipe.nn.dropout import node_rows
 from lightning_gnnpipe.nn.stack import call_block, uses_graph
 
-HaloFill = Callable[[int, Tensor, int, Tensor], Tensor]
-"""``fill(layer, h, c, out) -> h``: write chunk ``c``'s halo rows of ``layer`` (``>= 1``) into ``out`` ``(h_c, d)``
-(differentiably where their gradient matters) and return the inner rows ``h`` ``(n_c, d)`` the block should get."""
+HaloGrad = Callable[[Tensor], None]
+"""``on_halo_grad(grad)``: takes the gradient ``(h_c, d)`` that reaches a chunk's halo rows in the backward pass."""
+
+HaloFill = Callable[[int, Tensor, int, Tensor], Tuple[Tensor, Optional[HaloGrad]]]
+"""``fill(layer, h, c, out) -> (h, on_halo_grad)``: write chunk ``c``'s halo rows of ``layer`` (``>= 1``) into ``out``
+``(h_c, d)`` (differentiably where their gradient flows on by autograd, e.g. rows received live) and return the inner
+rows ``h`` ``(n_c, d)`` the block should get and, or ``None``, what takes the halo rows' gradient otherwise
+(:data:`HaloGrad`; ``out`` then carries none)."""
+
+
+class _InnerRowsInto(torch.autograd.Function):
+    """``local[:n] = h`` in place, for local rows ``local`` ``(n + h_c, d)`` whose halo rows carry no gradient: the
+    backward hands ``grad[:n]`` to ``h`` (a view, where autograd's copy into a slice clones the whole gradient) and
+    ``grad[n:]`` to ``on_halo_grad`` when one is given."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, local: Tensor, on_halo_grad: Optional[HaloGrad]) -> Tensor:  # type: ignore[override]
+        ctx.n, ctx.on_halo_grad = h.size(0), on_halo_grad
+        local[: ctx.n].copy_(h)
+        ctx.mark_dirty(local)
+        return local
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        if ctx.on_halo_grad is not None:
+            ctx.on_halo_grad(grad[ctx.n:])
+        return grad[: ctx.n], None, None
+
+
+def _with_inner_rows(h: Tensor, local: Tensor, on_halo_grad: Optional[HaloGrad]) -> Tensor:
+    """``local`` ``(n + h_c, d)`` with ``h`` ``(n, d)`` as its first rows; the halo rows' gradient goes to
+    ``on_halo_grad`` (only where ``local``'s halo rows carry none themselves)."""
+    if local.requires_grad:  # rows received live: autograd takes their gradient back
+        if on_halo_grad is not None:
+            raise RuntimeError("ChunkRunner: a halo fill returned `on_halo_grad` but wrote differentiable halo rows "
+                               "(got both); the gradient would reach the rows twice.")
+        local[: h.size(0)] = h
+        return local
+    if torch.is_grad_enabled() and (h.requires_grad or on_halo_grad is not None):
+        return _InnerRowsInto.apply(h, local, on_halo_grad)
+    local[: h.size(0)] = h
+    return local
 
 Combine = Callable[[Tensor], Tensor]
 """``combine(out) -> out``: what :meth:`ChunkRunner.run_full` does with a layer's ``(|V|, d)`` output, whose rows are
@@ -118,11 +157,12 @@ class ChunkRunner:
                 h = self.node_wise(j, h, nodes, epoch, h0)
             else:  # one copy of the local rows: the inner rows, then the halo rows written in place
                 x_local = h.new_empty(n + halo_ids.numel(), h.size(1))
+                on_halo_grad: Optional[HaloGrad] = None
                 if layer == 0:
                     _select_into(self.x, halo_ids, x_local[n:])
                 else:
-                    h = halo(layer, h, c, x_local[n:])
-                x_local[:n] = h  # (differentiable: the inner rows' gradient flows back to h)
+                    h, on_halo_grad = halo(layer, h, c, x_local[n:])
+                x_local = _with_inner_rows(h, x_local, on_halo_grad)  # the inner rows' gradient flows back to h
                 h = self.call(j, x_local, c, epoch, h0)[:n]
             h0 = h if layer == 0 and self.carry_x0 else h0
         return h, h0

@@ -31,7 +31,7 @@ from lightning_gnnpipe.comm.partitions import PartitionExchange
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph
 from lightning_gnnpipe.history.halo_grad import HaloGradients, check_halo_gradients
 from lightning_gnnpipe.history.history import History
-from lightning_gnnpipe.nn.chunk_runner import ChunkRunner
+from lightning_gnnpipe.nn.chunk_runner import ChunkRunner, HaloGrad
 from lightning_gnnpipe.nn.stack import takes_x0
 
 BOUNDARY_ROWS = 0.9
@@ -194,23 +194,24 @@ class GNNStage(nn.Module):
         """``x0`` ``(len(ids), dims[1])`` of nodes ``ids``, computed here with ``x0_block`` (else ``None``)."""
         return self.runner.node_wise_block(self._x0_block[0], self.x[ids], ids, self.epoch) if self._x0_block else None
 
-    def _fill_halo(self, layer: int, h: Tensor, c: int, out: Tensor) -> Tensor:
+    def _fill_halo(self, layer: int, h: Tensor, c: int, out: Tensor) -> Tuple[Tensor, Optional[HaloGrad]]:
         """GNNPipe's halo rows of ``layer`` for chunk ``c`` (:data:`~lightning_gnnpipe.nn.chunk_runner.HaloFill`).
 
         The chunk's own rows ``h`` ``(n_c, d)`` go into the layer's table first (fresh for the chunks after it); the
-        halo rows ``out`` ``(h_c, d)`` are then read from the table, detached, or under hybrid parallelism partly
-        received live from the other partitions.
+        halo rows ``out`` ``(h_c, d)`` are then read from the table, or under hybrid parallelism partly received live
+        from the other partitions. With stale or fresh halo gradients the halo rows' gradient is collected per node
+        and ``h``'s backward adds what was collected for its rows.
         """
         nodes, halo = self.graph.nodes[c], self.graph.halo[c]
         table = self.histories[str(layer)]
         pushed = self._pushed[c]  # None: all of the chunk's rows
         table.push(nodes, h) if pushed is None else table.push(nodes[pushed], h[pushed])
+        self.partitions.halo_into(h, c, halo, out, table)
         if str(layer) in self.halo_grads:  # stale or fresh halo gradients (one partition only)
             grads = self.halo_grads[str(layer)]
-            out.copy_(grads.collect(table.pull(halo, h.dtype), halo))
-            return grads.apply(h, nodes)
-        self.partitions.halo_into(h, c, halo, out, table)
-        return h
+            h = grads.apply(h, nodes) if pushed is None else grads.apply(h, nodes[pushed], pushed)
+            return h, grads.collector(halo)
+        return h, None
 
     def next_epoch(self, epoch: Optional[int] = None) -> None:
         """Start a training epoch: last epoch's collected halo gradients become the ones applied.

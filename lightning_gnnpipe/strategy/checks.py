@@ -11,7 +11,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
-from lightning_gnnpipe.history.halo_grad import check_halo_gradients
+from lightning_gnnpipe.history.halo_grad import HALO_GRADIENTS
 from lightning_gnnpipe.nn.feature_norm import check_feature_norms
 from lightning_gnnpipe.nn.gcn_norm import check_one_hop
 from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack
@@ -104,6 +104,31 @@ def resolve_refresh_every(refresh_every: Any, trainer: Any, module: Any, autocas
     return 0 if why else 1
 
 
+HALO_AUTO = "auto"
+"""``halo_gradients="auto"``: resolved per fit by :func:`resolve_halo_gradients`."""
+
+
+def resolve_halo_gradients(halo_gradients: str, refresh_every: int, schedule: str, graph_parallel_size: int) -> str:
+    """What a fit does with the gradients that reach halo rows: ``"auto"`` is ``"fresh"`` where the history tables are
+    exact at each epoch's start (``refresh_every == 1``), one pipeline runs (``graph_parallel_size == 1``) and the
+    schedule runs each stage's chunks' backwards in the order of their forwards (``"auto"``, ``"gpipe"``,
+    ``"1f1b"``): what it adds is then the full-graph gradient along the cut edges the chunk order allows
+    (:mod:`~lightning_gnnpipe.history.halo_grad`). Else ``"detach"``.
+
+    Args:
+        halo_gradients: The strategy's option (``"auto"`` or one of
+            :data:`~lightning_gnnpipe.history.halo_grad.HALO_GRADIENTS`, returned as it is).
+        refresh_every: The fit's refresh period (:func:`resolve_refresh_every`).
+        schedule: The strategy's schedule name.
+        graph_parallel_size: ``G``.
+
+    Raises nothing: a bad ``halo_gradients`` is refused before any process starts (:func:`check_pipeline_options`).
+    """
+    if halo_gradients != HALO_AUTO:
+        return halo_gradients
+    return "fresh" if refresh_every == 1 and graph_parallel_size == 1 and not is_multi_stage(schedule) else "detach"
+
+
 def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: Any, history_momentum: float,
                            halo_gradients: str, graph_parallel_size: int, history_dtype: Any = None,
                            evaluation: str = "auto") -> Tuple[str, Optional[torch.dtype], str]:
@@ -116,10 +141,10 @@ def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: A
     Raises:
         ValueError: Unknown ``schedule`` or a ``stages_per_rank`` it does not take
             (:func:`~lightning_gnnpipe.pipeline.schedule.check_schedule`), ``refresh_every`` neither ``"auto"`` nor an
-            int >= 0, ``history_momentum`` outside ``[0, 1)``, unknown ``halo_gradients``, ``graph_parallel_size`` not an
-            int >= 1, ``halo_gradients`` other than ``"detach"`` with hybrid parallelism or a multi-stage schedule, or a
-            multi-stage schedule with hybrid parallelism, a ``history_dtype`` that is not a floating-point torch
-            dtype or its name, an ``evaluation`` not in :data:`EVALUATIONS`, or ``"graph_parallel"`` with ``G > 1``.
+            int >= 0, ``history_momentum`` outside ``[0, 1)``, ``halo_gradients`` neither ``"auto"`` nor known,
+            ``graph_parallel_size`` not an int >= 1, ``halo_gradients`` ``"stale"``/``"fresh"`` with hybrid
+            parallelism or a multi-stage schedule, or a multi-stage schedule with hybrid parallelism, a
+            ``history_dtype`` that is not a floating-point torch dtype or its name, an ``evaluation`` not in :data:`EVALUATIONS`, or ``"graph_parallel"`` with ``G > 1``.
     """
     name = check_schedule(schedule, stages_per_rank=stages_per_rank)
     dtype = getattr(torch, history_dtype, None) if isinstance(history_dtype, str) else history_dtype
@@ -132,16 +157,18 @@ def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: A
                          f"(got {refresh_every!r}).")
     if not 0.0 <= history_momentum < 1.0:
         raise ValueError(f"GNNPipeStrategy: `history_momentum` must be in [0, 1) (got {history_momentum}).")
-    check_halo_gradients(halo_gradients, "GNNPipeStrategy")
+    if halo_gradients != HALO_AUTO and halo_gradients not in HALO_GRADIENTS:
+        raise ValueError(f"GNNPipeStrategy: `halo_gradients` must be {HALO_AUTO!r} or one of {HALO_GRADIENTS} "
+                         f"(got {halo_gradients!r}).")
     G = graph_parallel_size
     if isinstance(G, bool) or not isinstance(G, int) or G < 1:
         raise ValueError(f"GNNPipeStrategy: `graph_parallel_size` must be an int >= 1 (got {G!r}).")
-    if G > 1 and halo_gradients != "detach":
+    if G > 1 and halo_gradients not in ("detach", HALO_AUTO):
         raise ValueError(
             f"GNNPipeStrategy: `halo_gradients={halo_gradients!r}` is not supported with `graph_parallel_size` > 1 "
             f"(got graph_parallel_size={G}). Use halo_gradients='detach'."
         )
-    if is_multi_stage(name) and halo_gradients != "detach":
+    if is_multi_stage(name) and halo_gradients not in ("detach", HALO_AUTO):
         raise ValueError(
             f"GNNPipeStrategy: `halo_gradients={halo_gradients!r}` is not supported with the multi-stage schedule "
             f"{name!r} (got halo_gradients={halo_gradients!r}). Use halo_gradients='detach', or "

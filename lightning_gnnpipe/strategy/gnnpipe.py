@@ -25,7 +25,7 @@ from lightning_gnnpipe.pipeline.runtime import PipelineRuntime, RankLayout, chec
 from lightning_gnnpipe.strategy.base import WholeGraphStrategy
 from lightning_gnnpipe.strategy.checkpoint import PipelineCheckpointHooks, restore_tables
 from lightning_gnnpipe.strategy.checks import (check_layout, check_lightning_usage, check_pipeline_options,
-                                              resolve_refresh_every)
+                                              resolve_halo_gradients, resolve_refresh_every)
 from lightning_gnnpipe.strategy.failures import unwrap_stage_error
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.graph_parallel_eval import GraphParallelEvaluation, exact_forward
@@ -47,9 +47,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
     2308.10087, Sec. 4). One optimizer step per epoch, gradients accumulated over all chunks, loss normalised over
     the whole graph.
 
-    Training runs the user's unchanged ``training_step`` on the full-graph output (assembled on the last stage and
-    broadcast to every rank, so every rank logs the same values). Validation, test and predict run an exact forward
-    (no historical rows): the true full-graph metrics.
+    Training runs the user's unchanged ``training_step`` on the full-graph output (broadcast from the last stage, so
+    every rank logs the same values). Validation, test and predict run an exact forward: the full-graph metrics.
 
     Args:
         schedule: ``"auto"`` (default): ``"1f1b"`` when the ``training_step`` loss is a sum of per-node terms (checked
@@ -70,8 +69,10 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         history_momentum: Moving-average momentum ``m`` of the tables: a write stores ``m * old + (1 - m) * new``.
         history_dtype: Dtype of the history tables (default ``None``: torch's, float32); ``torch.bfloat16`` or
             ``"bfloat16"`` halves their bytes, and halo rows are then read rounded (docs/results/notes/memory.md).
-        halo_gradients: ``"detach"`` (default) drops gradients that reach halo rows; ``"stale"`` applies them to the
-            owner chunk one epoch later (PipeGCN-style); ``"fresh"`` in the same epoch, odd epochs in reverse order.
+        halo_gradients: ``"detach"`` drops gradients that reach halo rows; ``"stale"`` applies them to the owner
+            chunk one epoch later (PipeGCN-style); ``"fresh"`` in the same epoch, odd epochs in reverse order.
+            ``"auto"`` (default): ``"fresh"`` where ``refresh_every`` resolves to 1, ``G = 1`` and the schedule is
+            ``gpipe``/``1f1b``, else ``"detach"`` (:func:`~lightning_gnnpipe.strategy.checks.resolve_halo_gradients`).
         log_staleness: Log per epoch ``gnnpipe/stale_edge_fraction`` (edges read historical, per layer >= 1),
             ``gnnpipe/stale_age_epochs`` (their mean age) and, at each periodic refresh, ``gnnpipe/drift_layer{l}``
             (``||h_hist - h_exact|| / ||h_exact||``).
@@ -97,14 +98,12 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             ``trace_dir``, ``heap_mmap_threshold``, ``huge_pages``: see :class:`~lightning_gnnpipe.strategy.base.WholeGraphStrategy`.
 
     Raises:
-        ValueError: Unknown ``schedule``, ``balance`` or ``start_method``, bad ``profile_epoch``, a
-            ``stages_per_rank`` the schedule does not take, a ``history_dtype`` that is no float dtype, a
-            multi-stage schedule with ``halo_gradients`` not ``"detach"`` or ``graph_parallel_size > 1`` (here); bad
-            layouts or a precision other than ``"32-true"`` / ``"bf16-mixed"`` before the process group
-            starts (see :func:`~lightning_gnnpipe.strategy.checks.check_layout` and
-            :func:`~lightning_gnnpipe.strategy.precision.check_precision`); at setup, a named schedule other than
-            ``"gpipe"`` whose loss is neither separable nor given by ``pipeline_chunk_loss``; on resume, a
-            checkpoint whose history tables do not fit the model.
+        ValueError: Unknown ``schedule``, ``balance`` or ``start_method``, bad ``profile_epoch``, a ``stages_per_rank``
+            the schedule does not take, a ``history_dtype`` that is no float dtype, a multi-stage schedule with
+            ``halo_gradients`` ``"stale"``/``"fresh"`` or ``graph_parallel_size > 1`` (here); bad layouts or a precision
+            other than ``"32-true"`` / ``"bf16-mixed"`` before the process group starts (see ``check_layout``,
+            ``check_precision``); at setup, a named schedule other than ``"gpipe"`` whose loss is neither separable
+            nor given by ``pipeline_chunk_loss``; on resume, a checkpoint whose history tables do not fit the model.
         TypeError: No ``GraphChunkDataModule`` or no splittable layer stack, before the process group starts.
         RuntimeError: The ranks built different chunk plans or stage widths (at setup); a ``training_step``
             whose loss does not depend on the model's output, or that calls the layer stack with other or
@@ -120,7 +119,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         refresh_every: Union[int, str] = "auto",
         history_momentum: float = 0.0,
         history_dtype: Any = None,
-        halo_gradients: str = "detach",
+        halo_gradients: str = "auto",
         log_staleness: bool = True,
         balance: str = "count",
         save_history: bool = False,
@@ -204,16 +203,17 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         layout = RankLayout(topo.local_stages(rank), ranks, self.stage_index,
                             [topo.rank_of(rank, s) for s in range(topo.num_stages)], self._pp_group,
                             self._gp_group, self.graph_parallel_size, self.partition_index)
+        autocast = (self._boundary_dtype or x.dtype) != x.dtype
+        every = resolve_refresh_every(self.refresh_every, trainer, self.lightning_module, autocast)
+        halo_grads = resolve_halo_gradients(self.halo_gradients, every, self.schedule_name, self.graph_parallel_size)
         runtime = self._runtime = PipelineRuntime(
             stack.blocks, virtual, self._dims, plan, data.edge_index, x, layout, self.root_device, self.comm_stats,
-            self.history_momentum, self.halo_gradients, self._boundary_dtype, self.activation_checkpointing,
+            self.history_momentum, halo_grads, self._boundary_dtype, self.activation_checkpointing,
             self.history_dtype, self.host_threads())
         self._evaluation = partial(GraphParallelEvaluation.build,  # built at the first evaluation, if any
             self.evaluation, self.graph_parallel_size, stack.blocks, plan, data.edge_index, x, topo.num_stages,
             self.stage_index, self._pp_group, self.root_device, runtime.boundary_dtype != x.dtype, self._dims, virtual)
         check_stage_widths(runtime.widths, self._pp_group)
-        autocast = runtime.boundary_dtype != x.dtype
-        every = resolve_refresh_every(self.refresh_every, trainer, self.lightning_module, autocast)
         self._history = HistoryLifecycle(runtime.stages, self._exact_forward, every, self.log_staleness,
                                          runtime.stale_stats(trainer.datamodule), autocast)
         if trainer.state.fn == TrainerFn.FITTING:

@@ -10,7 +10,7 @@ a part is its one chunk (``K = G``).
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from torch import Tensor, nn
 
@@ -53,9 +53,9 @@ class PartitionForward(nn.Module):
         h, _ = self.runner.run(self.runner.x[self.graph.nodes[r]], None, r, epoch, self._fill_halo)
         return h
 
-    def _fill_halo(self, layer: int, h: Tensor, c: int, out: Tensor) -> Tensor:
+    def _fill_halo(self, layer: int, h: Tensor, c: int, out: Tensor) -> Tuple[Tensor, None]:
         """Every halo row of ``layer`` comes from its owner part, live (gradients go back)."""
         if self.on_layer_input is not None:
             self.on_layer_input(layer, h)
         self.partitions.halo_into(h, c, self.graph.halo[c], out)
-        return h
+        return h, None
