@@ -30,7 +30,7 @@ from lightning_gnnpipe.strategy.checkpoint import (CHECKPOINT_KEY, _rng_to_plain
                                                    read_history_tables, restore_history, restore_rng,
                                                    save_history_tables, set_rng_states, tables_to_save)
 from tests.helpers import ChunkLossGCN, GCNModule, MetricRecorder, fit, losses, read_metrics, sbm_graph
-from tests.reference import chunked_reference, exact_inputs, gcn_layer
+from tests.reference import chunked_reference, exact_inputs, gcn_layer, layer_major_reference
 from tests.scenarios import DropoutGCN, losses_job, rewrite_history, warnings_job
 from tests.world import run_world, values
 
@@ -254,6 +254,23 @@ def test_pipeline_resume_with_and_without_history_tables(tmp_path, graph, name):
           f"the reference by {effect:.2e}")
     assert effect > 100 * TIGHT  # the refresh at the resume epoch is visible in the losses
     torch.testing.assert_close(bare, refreshed[RESUMED:], atol=TIGHT, rtol=0)
+
+
+def test_resume_with_the_defaults_equals_the_uninterrupted_run(tmp_path, graph):
+    """The defaults with validation every epoch: each validation refreshes the tables, the halo rows' gradients reach
+    their owners (``"fresh"``) and odd epochs run the chunks in reverse. A run resumed after epoch 1 (an odd one),
+    with or without the saved tables, continues like the uninterrupted run, which equals the layer-major reference."""
+    dm = GraphChunkDataModule(graph, num_chunks=4)
+    ckpt = tmp_path / "ckpt"
+    full = _losses(dm, ckpt_dir=str(ckpt), strategy_kwargs={"save_history": True})
+    ref = layer_major_reference(ChunkLossGCN(16, 32, 4, 4), graph, dm.plan, EPOCHS, refresh_every=1,
+                                halo_gradients="fresh")
+    torch.testing.assert_close(full, ref, atol=TIGHT, rtol=0)
+    saved = str(ckpt / f"epoch={SAVED}.ckpt")
+    resumed = _losses(dm, ckpt_path=saved, strategy_kwargs={"save_history": True})
+    assert resumed == full[RESUMED:]  # bit for bit
+    bare = _losses(dm, ckpt_path=rewrite_history(saved, tmp_path / "bare.ckpt"))  # refilled with the saved weights
+    torch.testing.assert_close(bare, full[RESUMED:], atol=TIGHT, rtol=0)
 
 
 def test_graph_parallel_resume(tmp_path, graph):
