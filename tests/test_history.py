@@ -326,3 +326,27 @@ def test_auto_halo_gradients_are_fresh_only_where_the_tables_are_exact_and_the_o
         GNNPipeStrategy(schedule="interleaved_1f1b", stages_per_rank=2, halo_gradients="fresh")
     with pytest.raises(ValueError, match=r"`halo_gradients` must be 'auto' or one of .* \(got 'always'\)"):
         GNNPipeStrategy(halo_gradients="always")
+
+
+def test_auto_halo_gradients_are_detached_where_a_block_drops_out(caplog):
+    """Dropout in a block (``nn.Dropout``, ``NodeDropout``, a conv's float ``dropout``) makes ``"auto"`` detach the
+    halo rows' gradients (the tables hold rows computed without dropout), with a line naming the block in a fit."""
+    import logging
+
+    from torch import nn
+    from torch_geometric.nn import GATConv
+
+    from lightning_gnnpipe.nn import NodeDropout
+    from lightning_gnnpipe.strategy.checks import first_dropout, resolve_halo_gradients
+
+    plain = [nn.Linear(4, 4), nn.Sequential(nn.LayerNorm(4), nn.Dropout(0.0))]
+    assert first_dropout(plain) is None and resolve_halo_gradients("auto", 1, "1f1b", 1, plain) == "fresh"
+    for drop, where in ((nn.Dropout(0.5), "block 1 (1): Dropout(p=0.5)"), (NodeDropout(0.2), "NodeDropout(p=0.2)"),
+                        (GATConv(4, 4, dropout=0.6), "GATConv(p=0.6)")):
+        blocks = [nn.Linear(4, 4), nn.Sequential(nn.LayerNorm(4), drop)]
+        assert where in first_dropout(blocks)
+        with caplog.at_level(logging.INFO):
+            caplog.clear()
+            assert resolve_halo_gradients("auto", 1, "1f1b", 1, blocks, fitting=True) == "detach"
+        assert "halo_gradients='auto' -> 'detach'" in caplog.text and where in caplog.text
+        assert resolve_halo_gradients("fresh", 1, "1f1b", 1, blocks) == "fresh"  # a named value is kept

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
@@ -12,6 +12,7 @@ from torch import nn
 
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.history.halo_grad import HALO_GRADIENTS
+from lightning_gnnpipe.nn.dropout import NodeDropout
 from lightning_gnnpipe.nn.feature_norm import check_feature_norms
 from lightning_gnnpipe.nn.gcn_norm import check_one_hop
 from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack
@@ -108,12 +109,30 @@ HALO_AUTO = "auto"
 """``halo_gradients="auto"``: resolved per fit by :func:`resolve_halo_gradients`."""
 
 
-def resolve_halo_gradients(halo_gradients: str, refresh_every: int, schedule: str, graph_parallel_size: int) -> str:
+DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout, NodeDropout)
+"""Modules that drop entries at training time (with ``p > 0``)."""
+
+
+def first_dropout(blocks: Sequence[nn.Module]) -> Optional[str]:
+    """Where the first dropout of ``blocks`` is (``"block 1 (drop): Dropout(p=0.5)"``): a module of :data:`DROPOUTS`
+    with ``p > 0``, or a module with a float ``dropout`` above 0 (PyG convs such as ``GATConv``); ``None`` if none."""
+    for i, block in enumerate(blocks):
+        for name, m in block.named_modules():
+            p = getattr(m, "p", None) if isinstance(m, DROPOUTS) else getattr(m, "dropout", None)
+            if isinstance(p, float) and p > 0:
+                return f"block {i}" + (f" ({name})" if name else "") + f": {type(m).__name__}(p={p})"
+    return None
+
+
+def resolve_halo_gradients(halo_gradients: str, refresh_every: int, schedule: str, graph_parallel_size: int,
+                           blocks: Sequence[nn.Module] = (), fitting: bool = False) -> str:
     """What a fit does with the gradients that reach halo rows: ``"auto"`` is ``"fresh"`` where the history tables are
-    exact at each epoch's start (``refresh_every == 1``), one pipeline runs (``graph_parallel_size == 1``) and the
+    exact at each epoch's start (``refresh_every == 1``), one pipeline runs (``graph_parallel_size == 1``), the
     schedule runs each stage's chunks' backwards in the order of their forwards (``"auto"``, ``"gpipe"``,
-    ``"1f1b"``): what it adds is then the full-graph gradient along the cut edges the chunk order allows
-    (:mod:`~lightning_gnnpipe.history.halo_grad`). Else ``"detach"``.
+    ``"1f1b"``) and no block drops out (:func:`first_dropout`): the rows read from the tables are then the owners'
+    training rows, and what it adds is the full-graph gradient along the cut edges the chunk order allows
+    (:mod:`~lightning_gnnpipe.history.halo_grad`). Else ``"detach"``; where dropout alone decides, one info line in a
+    fit says so (the refresh computes the rows without dropout: their gradients are not those of the owners' rows).
 
     Args:
         halo_gradients: The strategy's option (``"auto"`` or one of
@@ -121,12 +140,21 @@ def resolve_halo_gradients(halo_gradients: str, refresh_every: int, schedule: st
         refresh_every: The fit's refresh period (:func:`resolve_refresh_every`).
         schedule: The strategy's schedule name.
         graph_parallel_size: ``G``.
+        blocks: The model's layer blocks.
+        fitting: Whether the trainer fits (only then the info line).
 
     Raises nothing: a bad ``halo_gradients`` is refused before any process starts (:func:`check_pipeline_options`).
     """
     if halo_gradients != HALO_AUTO:
         return halo_gradients
-    return "fresh" if refresh_every == 1 and graph_parallel_size == 1 and not is_multi_stage(schedule) else "detach"
+    if refresh_every != 1 or graph_parallel_size != 1 or is_multi_stage(schedule):
+        return "detach"
+    dropout = first_dropout(blocks)
+    if dropout is not None and fitting:
+        rank_zero_info(f"GNNPipeStrategy: halo_gradients='auto' -> 'detach' ({dropout}): the halo rows read from the "
+                       "tables are computed without dropout, so their gradients are not the owners'; "
+                       "halo_gradients='fresh' hands them on anyway.")
+    return "detach" if dropout is not None else "fresh"
 
 
 def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: Any, history_momentum: float,
@@ -144,7 +172,8 @@ def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: A
             int >= 0, ``history_momentum`` outside ``[0, 1)``, ``halo_gradients`` neither ``"auto"`` nor known,
             ``graph_parallel_size`` not an int >= 1, ``halo_gradients`` ``"stale"``/``"fresh"`` with hybrid
             parallelism or a multi-stage schedule, or a multi-stage schedule with hybrid parallelism, a
-            ``history_dtype`` that is not a floating-point torch dtype or its name, an ``evaluation`` not in :data:`EVALUATIONS`, or ``"graph_parallel"`` with ``G > 1``.
+            ``history_dtype`` that is not a floating-point torch dtype or its name, an ``evaluation`` not in
+            :data:`EVALUATIONS`, or ``"graph_parallel"`` with ``G > 1``.
     """
     name = check_schedule(schedule, stages_per_rank=stages_per_rank)
     dtype = getattr(torch, history_dtype, None) if isinstance(history_dtype, str) else history_dtype

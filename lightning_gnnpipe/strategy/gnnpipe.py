@@ -69,10 +69,9 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         history_momentum: Moving-average momentum ``m`` of the tables: a write stores ``m * old + (1 - m) * new``.
         history_dtype: Dtype of the history tables (default ``None``: torch's, float32); ``torch.bfloat16`` or
             ``"bfloat16"`` halves their bytes, and halo rows are then read rounded (docs/results/notes/memory.md).
-        halo_gradients: ``"detach"`` drops gradients that reach halo rows; ``"stale"`` applies them to the owner
-            chunk one epoch later (PipeGCN-style); ``"fresh"`` in the same epoch, odd epochs in reverse order.
-            ``"auto"`` (default): ``"fresh"`` where ``refresh_every`` resolves to 1, ``G = 1`` and the schedule is
-            ``gpipe``/``1f1b``, else ``"detach"`` (:func:`~lightning_gnnpipe.strategy.checks.resolve_halo_gradients`).
+        halo_gradients: ``"detach"`` drops the gradients that reach halo rows, ``"stale"`` applies them to the owner
+            one epoch later (PipeGCN), ``"fresh"`` in the same epoch (odd epochs run the chunks in reverse); ``"auto"``
+            (default): ``"fresh"`` where exact, else ``"detach"`` (``strategy/checks.py::resolve_halo_gradients``).
         log_staleness: Log per epoch ``gnnpipe/stale_edge_fraction`` (edges read historical, per layer >= 1),
             ``gnnpipe/stale_age_epochs`` (their mean age) and, at each periodic refresh, ``gnnpipe/drift_layer{l}``
             (``||h_hist - h_exact|| / ||h_exact||``).
@@ -205,7 +204,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
                             self._gp_group, self.graph_parallel_size, self.partition_index)
         autocast = (self._boundary_dtype or x.dtype) != x.dtype
         every = resolve_refresh_every(self.refresh_every, trainer, self.lightning_module, autocast)
-        halo_grads = resolve_halo_gradients(self.halo_gradients, every, self.schedule_name, self.graph_parallel_size)
+        halo_grads = resolve_halo_gradients(self.halo_gradients, every, self.schedule_name, self.graph_parallel_size,
+                                            stack.blocks, trainer.state.fn == TrainerFn.FITTING)
         runtime = self._runtime = PipelineRuntime(
             stack.blocks, virtual, self._dims, plan, data.edge_index, x, layout, self.root_device, self.comm_stats,
             self.history_momentum, halo_grads, self._boundary_dtype, self.activation_checkpointing,
