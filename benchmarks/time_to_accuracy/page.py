@@ -49,7 +49,7 @@ DEFAULT_HALO = (
     "every cut edge's gradient arrives every second epoch; in a model without dropout, as here). That is "
     "`refresh_every=1, halo_gradients=\"fresh\"`, the "
     "options the accuracy runs labelled so named: they are the defaults' runs (the runs made since with "
-    "`GNNPipeStrategy()` compute the same values: at 300k and 1M the first 2-3 epochs' validation accuracies agree "
+    "`GNNPipeStrategy()` compute the same values: at 300k and 1M the first 2 epochs' validation accuracies agree "
     "to every digit). With them GCNII-16 ends 0.35 and 0.13 points below exact training at 300k (2 seeds), 0.46 at 1M "
     "and 0.23 on the spread graph, and GraphSAGE-8 0.44 and 0.50 above. With the refresh alone "
     "(`halo_gradients=\"detach\"`, the default between the two `\"auto\"`s) GCNII-16 ended 1.51 and 1.48 below "
