@@ -337,12 +337,13 @@ def test_auto_halo_gradients_are_detached_where_a_block_drops_out(caplog):
     from torch_geometric.nn import GATConv
 
     from lightning_gnnpipe.nn import NodeDropout
-    from lightning_gnnpipe.strategy.checks import first_dropout, resolve_halo_gradients
+    from lightning_gnnpipe.nn.dropout import first_dropout
+    from lightning_gnnpipe.strategy.checks import resolve_halo_gradients
 
     plain = [nn.Linear(4, 4), nn.Sequential(nn.LayerNorm(4), nn.Dropout(0.0))]
     assert first_dropout(plain) is None and resolve_halo_gradients("auto", 1, "1f1b", 1, plain) == "fresh"
     for drop, where in ((nn.Dropout(0.5), "block 1 (1): Dropout(p=0.5)"), (NodeDropout(0.2), "NodeDropout(p=0.2)"),
-                        (GATConv(4, 4, dropout=0.6), "GATConv(p=0.6)")):
+                        (GATConv(4, 4, dropout=0.6), "GATConv(p=0.6)"), (nn.Dropout(1), "Dropout(p=1)")):
         blocks = [nn.Linear(4, 4), nn.Sequential(nn.LayerNorm(4), drop)]
         assert where in first_dropout(blocks)
         with caplog.at_level(logging.INFO):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterator, Optional, Tuple, Union
+from typing import Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -172,3 +172,24 @@ def make_dropout(p: float, per_node: bool) -> nn.Module:
         ValueError: ``per_node`` and ``p`` outside ``[0, 1)`` (``nn.Dropout`` itself refuses ``p`` outside ``[0, 1]``).
     """
     return NodeDropout(p) if per_node else nn.Dropout(p)
+
+
+DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout, NodeDropout)
+"""Modules that drop entries at training time (with ``p > 0``)."""
+
+
+def first_dropout(blocks: Sequence[nn.Module]) -> Optional[str]:
+    """Where the first dropout of ``blocks`` is (``"block 1 (drop): Dropout(p=0.5)"``): a module of :data:`DROPOUTS`
+    with ``p > 0``, or a module with a number ``dropout`` above 0 (PyG convs such as ``GATConv``); ``None`` if none.
+    A block that calls ``F.dropout`` with a number of its own in ``forward`` is not seen.
+
+    Args:
+        blocks: The model's layer blocks (:class:`~lightning_gnnpipe.nn.stack.LayerStack`'s).
+
+    Raises nothing."""
+    for i, block in enumerate(blocks):
+        for name, m in block.named_modules():
+            p = getattr(m, "p", None) if isinstance(m, DROPOUTS) else getattr(m, "dropout", None)
+            if isinstance(p, (int, float)) and not isinstance(p, bool) and p > 0:
+                return f"block {i}" + (f" ({name})" if name else "") + f": {type(m).__name__}(p={p})"
+    return None

@@ -12,7 +12,7 @@ from torch import nn
 
 from lightning_gnnpipe.data.datamodule import GraphChunkDataModule
 from lightning_gnnpipe.history.halo_grad import HALO_GRADIENTS
-from lightning_gnnpipe.nn.dropout import NodeDropout
+from lightning_gnnpipe.nn.dropout import first_dropout
 from lightning_gnnpipe.nn.feature_norm import check_feature_norms
 from lightning_gnnpipe.nn.gcn_norm import check_one_hop
 from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack
@@ -109,27 +109,12 @@ HALO_AUTO = "auto"
 """``halo_gradients="auto"``: resolved per fit by :func:`resolve_halo_gradients`."""
 
 
-DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout, NodeDropout)
-"""Modules that drop entries at training time (with ``p > 0``)."""
-
-
-def first_dropout(blocks: Sequence[nn.Module]) -> Optional[str]:
-    """Where the first dropout of ``blocks`` is (``"block 1 (drop): Dropout(p=0.5)"``): a module of :data:`DROPOUTS`
-    with ``p > 0``, or a module with a float ``dropout`` above 0 (PyG convs such as ``GATConv``); ``None`` if none."""
-    for i, block in enumerate(blocks):
-        for name, m in block.named_modules():
-            p = getattr(m, "p", None) if isinstance(m, DROPOUTS) else getattr(m, "dropout", None)
-            if isinstance(p, float) and p > 0:
-                return f"block {i}" + (f" ({name})" if name else "") + f": {type(m).__name__}(p={p})"
-    return None
-
-
 def resolve_halo_gradients(halo_gradients: str, refresh_every: int, schedule: str, graph_parallel_size: int,
                            blocks: Sequence[nn.Module] = (), fitting: bool = False) -> str:
     """What a fit does with the gradients that reach halo rows: ``"auto"`` is ``"fresh"`` where the history tables are
     exact at each epoch's start (``refresh_every == 1``), one pipeline runs (``graph_parallel_size == 1``), the
     schedule runs each stage's chunks' backwards in the order of their forwards (``"auto"``, ``"gpipe"``,
-    ``"1f1b"``) and no block drops out (:func:`first_dropout`): the rows read from the tables are then the owners'
+    ``"1f1b"``) and no block drops out (:func:`~lightning_gnnpipe.nn.dropout.first_dropout`): the rows read from the tables are then the owners'
     training rows, and what it adds is the full-graph gradient along the cut edges the chunk order allows
     (:mod:`~lightning_gnnpipe.history.halo_grad`). Else ``"detach"``; where dropout alone decides, one info line in a
     fit says so (the refresh computes the rows without dropout: their gradients are not those of the owners' rows).
