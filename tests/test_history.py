@@ -116,6 +116,28 @@ def test_refresh_overwrites_every_row_and_returns_the_relative_drift():
     assert torch.equal(table.emb, torch.zeros(2, 2))
 
 
+@pytest.mark.parametrize("boundary", [False, True])
+def test_refresh_reads_rows_in_another_order_through_their_positions(boundary):
+    """A stage that keeps the rows in chunk order hands them over with each node's position (no reordering first)."""
+    exact = torch.arange(12.0).view(6, 2)  # node v's row, in node order
+    order = torch.tensor([4, 0, 5, 2, 1, 3])  # rows in chunk order: node order[i] at row i
+    position = torch.empty_like(order)
+    position[order] = torch.arange(6)
+    ids = torch.tensor([1, 3, 4])
+    row_of = torch.full((6,), -1, dtype=torch.long)
+    row_of[ids] = torch.arange(3)
+
+    def table() -> History:
+        t = History(3 if boundary else 6, 2, **({"node_ids": ids, "row_of": row_of} if boundary else {}))
+        t.emb.fill_(1.0)
+        return t
+
+    plain, moved = table(), table()
+    assert moved.refresh(exact[order], position) == pytest.approx(plain.refresh(exact))
+    assert torch.equal(moved.emb, plain.emb)
+    assert torch.equal(plain.emb, exact[ids] if boundary else exact)
+
+
 def test_reset_zeros_the_table():
     table = History(3, 2)
     table.push(torch.tensor([0, 2]), rows([1, 1], [2, 2]))

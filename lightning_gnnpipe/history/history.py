@@ -82,15 +82,22 @@ class History(nn.Module):
         return out.copy_(self.emb[rows])
 
     @torch.no_grad()
-    def refresh(self, value: Tensor) -> Tuple[float, float]:
+    def refresh(self, value: Tensor, position: Optional[Tensor] = None) -> Tuple[float, float]:
         """Overwrite all rows with exact embeddings ``(|V|, d)``; return ``||old - value||^2`` and ``||value||^2``.
 
         Squared Frobenius norms over the table's rows, before the overwrite: the drift ``||old - value|| / ||value||``
         (unitless, :func:`drift_of`) measures how far the table had moved from the exact embeddings of the current
         weights; kept as sums so that tables holding different rows (the partitions of a hybrid stage) add up.
+
+        Args:
+            value: Every node's row ``(|V|, d)``, in node order, or in another order given by ``position``.
+            position: Node ``v``'s row in ``value`` is ``value[position[v]]`` ``(|V|,)``; ``None``: ``value[v]``.
+                Only the table's own rows are read, so a stage that keeps the rows in chunk order hands them over
+                without putting all of them back in node order first.
         """
-        if self.node_ids is not None:
-            value = value[self.node_ids]
+        index = self.node_ids if position is None else position if self.node_ids is None else position[self.node_ids]
+        if index is not None:
+            value = value.index_select(0, index)
         # one temporary of the table's size (the difference), as before; norms accumulated in float32
         diff = float(torch.linalg.vector_norm(self.emb - value, dtype=torch.float32))
         squares = (diff * diff, float(torch.linalg.vector_norm(value, dtype=torch.float32)) ** 2)

@@ -79,6 +79,10 @@ Combine = Callable[[Tensor], Tensor]
 those of the chunks this runner runs (zeros elsewhere), before the next layer (e.g. the other partitions' rows of
 this partition's halo, received)."""
 
+BeforeLayer = Callable[[int, Tensor, Optional[Tensor]], None]
+"""``before_layer(layer, h, position)``: sees each layer's input rows ``h`` before :meth:`ChunkRunner.run_full` runs the
+layer; ``position`` ``(|V|,)`` is each node's row in ``h`` where the rows are not in node order, else ``None``."""
+
 
 class ChunkRunner:
     """The blocks of one stage (or of the whole model) and how they run on one chunk.
@@ -168,7 +172,7 @@ class ChunkRunner:
         return h, h0
 
     def run_full(self, h: Tensor, h0: Optional[Tensor], epoch: int,
-                 before_layer: Optional[Callable[[int, Tensor], None]] = None,
+                 before_layer: Optional[BeforeLayer] = None,
                  combine: Optional[Combine] = None) -> Tuple[Tensor, Optional[Tensor]]:
         """Compute every block exactly for the whole graph, layer by layer; return the output and ``x0``.
 
@@ -178,7 +182,9 @@ class ChunkRunner:
             h: Input rows of all nodes ``(|V|, d)``.
             h0: ``x0`` of all nodes ``(|V|, d_0)`` when carried and block 0 is not among the blocks.
             epoch: Keys NodeDropout's masks.
-            before_layer: Called ``before_layer(layer, h)`` with each layer's input (e.g. a history refresh).
+            before_layer: Called ``before_layer(layer, h, position)`` with each layer's input rows ``h`` and, where
+                they are not in node order, each node's row in them ``(|V|,)`` (else ``None``); e.g. a history
+                refresh (:meth:`~lightning_gnnpipe.history.history.History.refresh`).
             combine: Applied to each message-passing layer's output (:data:`Combine`).
         """
         if len(self.chunks) == self.graph.num_chunks:  # the chunks cover every node: run them in chunk order
@@ -186,7 +192,7 @@ class ChunkRunner:
         g = self.graph
         for j, layer in enumerate(self.layer_ids):
             if before_layer is not None:
-                before_layer(layer, h)
+                before_layer(layer, h, None)
             if not self.uses_graph[j]:
                 h = self.node_wise(j, h, torch.arange(h.size(0), device=h.device), epoch, h0)
             else:
@@ -204,7 +210,7 @@ class ChunkRunner:
         return h, h0
 
     def _run_full_chunk_order(self, h: Tensor, h0: Optional[Tensor], epoch: int,
-                              before_layer: Optional[Callable[[int, Tensor], None]]) -> Tuple[Tensor, Optional[Tensor]]:
+                              before_layer: Optional[BeforeLayer]) -> Tuple[Tensor, Optional[Tensor]]:
         """:meth:`run_full` when this runner holds every chunk (one partition: nothing to combine).
 
         The rows are kept in chunk order (chunk 0's inner rows, then chunk 1's, ...), so that each chunk's inner rows
@@ -218,7 +224,7 @@ class ChunkRunner:
         h0 = None if h0 is None else h0.index_select(0, order)
         for j, layer in enumerate(self.layer_ids):
             if before_layer is not None:
-                before_layer(layer, h_in if j == 0 else h.index_select(0, position))
+                before_layer(layer, h_in, None) if j == 0 else before_layer(layer, h, position)
             if not self.uses_graph[j]:
                 h = self.node_wise(j, h, order, epoch, h0)
             else:

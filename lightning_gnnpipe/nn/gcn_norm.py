@@ -73,11 +73,12 @@ def _edge_list_gcn2(conv: GCN2Conv, edge_index: Tensor, edge_weight: Tensor, x: 
 
 def gcn2_mix(conv: GCN2Conv, aggregated: Tensor, x_0: Tensor) -> Tensor:
     """The rest of ``GCN2Conv.forward`` (torch_geometric 2.8) after the aggregation ``(n, d)``: initial residual
-    and identity mapping (``x_0`` is cut to the aggregated rows)."""
-    x = aggregated * (1 - conv.alpha)
+    and identity mapping (``x_0`` is cut to the aggregated rows). ``aggregated`` must be a tensor of the caller's own
+    (an aggregation's output): as PyG's forward does, it is scaled and added to in place (no backward needs it)."""
+    x = aggregated.mul_(1 - conv.alpha)
     x_0 = conv.alpha * x_0[: x.size(0)]
     if conv.weight2 is None:
-        out = x + x_0
+        out = x.add_(x_0)
         return torch.addmm(out, out, conv.weight1, beta=1.0 - conv.beta, alpha=conv.beta)
     out = torch.addmm(x, x, conv.weight1, beta=1.0 - conv.beta, alpha=conv.beta)
     return out + torch.addmm(x_0, x_0, conv.weight2, beta=1.0 - conv.beta, alpha=conv.beta)

@@ -243,9 +243,9 @@ class GNNStage(nn.Module):
         Returns:
             Output embeddings of all nodes ``(|V|, dims[l_{s+1}])`` (and ``h0`` when carried).
         """
-        def refresh(layer: int, inputs: Tensor) -> None:
+        def refresh(layer: int, inputs: Tensor, position: Optional[Tensor]) -> None:
             if write_history and str(layer) in self.histories:
-                d = self.histories[str(layer)].refresh(inputs)
+                d = self.histories[str(layer)].refresh(inputs, position)
                 if drift is not None:
                     drift[layer] = d
 

@@ -80,7 +80,40 @@ def set_heap_mmap_threshold(nbytes: int) -> Optional[str]:
         return f"glibc refused mallopt(M_MMAP_THRESHOLD, {int(nbytes)})"
     if not mallopt(M_TRIM_THRESHOLD, 2 * int(nbytes)):
         return f"glibc refused mallopt(M_TRIM_THRESHOLD, {2 * int(nbytes)})"
+    global _fixed_threshold
+    _fixed_threshold = int(nbytes)
     return None
+
+
+_fixed_threshold: Optional[int] = None  # the threshold set_heap_mmap_threshold fixed in this process, if any
+
+EVALUATION_HEAP_THRESHOLD = 32 * 2**20
+"""Bytes: during an exact forward, blocks below this size (glibc's largest threshold) come from the heap."""
+
+
+@contextmanager
+def evaluation_heap() -> Iterator[None]:
+    """While open, blocks below :data:`EVALUATION_HEAP_THRESHOLD` come from glibc's heap, which keeps its freed space;
+    on exit the rank's threshold is fixed again and the heap's free pages go back to the OS (``malloc_trim(0)``).
+
+    An exact forward (evaluation, a history refresh) runs without autograd, so its temporaries die layer by layer and
+    the same sizes come back chunk after chunk: from the heap they are reused without a page fault, where each fresh
+    mapping of the rank's fixed threshold is faulted in again. Only where this process's threshold was fixed
+    (:func:`set_heap_mmap_threshold`: the ranks the strategies start); elsewhere nothing changes. Raises nothing.
+    """
+    fixed = _fixed_threshold
+    if fixed is None or fixed >= EVALUATION_HEAP_THRESHOLD:
+        yield
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    libc.mallopt(M_MMAP_THRESHOLD, EVALUATION_HEAP_THRESHOLD)
+    libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+    try:
+        yield
+    finally:
+        set_heap_mmap_threshold(fixed)
+        trim_heap()
 
 
 HEAP_THRESHOLD_ENV = "MALLOC_MMAP_THRESHOLD_"

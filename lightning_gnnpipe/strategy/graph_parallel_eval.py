@@ -33,7 +33,7 @@ from lightning_gnnpipe.nn.chunk_call import chunk_graph_options
 from lightning_gnnpipe.nn.gcn_norm import norm_keys
 from lightning_gnnpipe.nn.stack import eval_mode, takes_x0, uses_graph
 from lightning_gnnpipe.pipeline.initial_embedding import recomputes_x0
-from lightning_gnnpipe.strategy.allocator import release_shared_pages
+from lightning_gnnpipe.strategy.allocator import evaluation_heap, release_shared_pages
 from lightning_gnnpipe.strategy.checks import AUTO_MAX_BYTES_RATIO, resolve_evaluation  # noqa: F401  (its rule)
 from lightning_gnnpipe.strategy.graph_parallel_refresh import TableRefresh
 from lightning_gnnpipe.strategy.partition_forward import PartitionForward
@@ -175,10 +175,11 @@ def exact_forward(split: Optional[GraphParallelEvaluation], runtime: Any, module
         RuntimeError: As :class:`~lightning_gnnpipe.strategy.graph_parallel_refresh.TableRefresh` (a table that keeps
             other rows than a stage holding every chunk would), and a collective's timeout.
     """
-    if split is None or runtime.layout.graph_parallel_size > 1:
-        return runtime.full_forward(write_history=write_history, drift=drift)
-    args = (module, owners, runtime.stages[0].epoch)
-    if not write_history:
-        return split(*args)
-    owner = {layer: s for s, own in enumerate(layers) for layer in own}
-    return split.refresh(*args, runtime.stages, owner, drift if drift is not None else {})
+    with evaluation_heap():
+        if split is None or runtime.layout.graph_parallel_size > 1:
+            return runtime.full_forward(write_history=write_history, drift=drift)
+        args = (module, owners, runtime.stages[0].epoch)
+        if not write_history:
+            return split(*args)
+        owner = {layer: s for s, own in enumerate(layers) for layer in own}
+        return split.refresh(*args, runtime.stages, owner, drift if drift is not None else {})
