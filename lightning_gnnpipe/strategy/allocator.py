@@ -16,6 +16,10 @@ the heap hands its top back to the OS and faults it in again chunk after chunk (
 step 10% longer).
 Measured figures, with the commands: ``docs/results/notes/memory.md``.
 
+An exact forward (evaluation, a history refresh) is the exception (:func:`evaluation_heap`): it keeps nothing for a
+backward pass, so its chunk-sized temporaries come from the heap while it runs, at glibc's largest threshold (32 MiB),
+and are reused chunk after chunk instead of faulted in anew; the heap's free pages go back to the OS when it ends.
+
 Both settings last as long as the process: torch reads ``THP_MEM_ALLOC_ENABLE`` when it starts, and glibc can neither
 report a fixed threshold nor go back to its dynamic one. So the strategies apply them only in the processes their
 launchers start (:func:`launch_environment`, :func:`started_by_strategy`), never in one the user owns (the process
