@@ -154,30 +154,38 @@ def test_halo_gradient_tables_start_at_zero_and_are_not_checkpointed():
     assert grads.state_dict() == {}
 
 
+def collect(grads: HaloGradients, halo_rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``halo_rows`` as a new leaf whose gradient goes to ``grads.collector(index)`` (what a chunk's backward hands
+    the collector: the gradient of its halo rows)."""
+    leaf = halo_rows.detach().requires_grad_(True)
+    leaf.register_hook(grads.collector(index))
+    return leaf
+
+
 def test_collect_sums_the_halo_rows_gradient_per_node_and_cuts_the_graph():
     grads = HaloGradients(4, 2)
     source = rows([1, 1], [1, 1], [1, 1]).requires_grad_(True)
-    halo = grads.collect(source * 3, torch.tensor([2, 0, 2]))  # node 2 appears twice
+    halo = collect(grads, source * 3, torch.tensor([2, 0, 2]))  # node 2 appears twice
     assert halo.is_leaf and halo.requires_grad and torch.equal(halo, rows([3, 3], [3, 3], [3, 3]))
     (halo * rows([1, 2], [3, 4], [5, 6])).sum().backward()
     assert torch.equal(grads.collected, rows([3, 4], [0, 0], [6, 8], [0, 0]))
     assert source.grad is None  # the halo's owner gets the gradient next epoch, not through this graph
     # a second chunk's halo adds to the same epoch's sums
-    (grads.collect(rows([0, 0]), torch.tensor([2])) * rows([10, 10])).sum().backward()
+    (collect(grads, rows([0, 0]), torch.tensor([2])) * rows([10, 10])).sum().backward()
     assert torch.equal(grads.collected, rows([3, 4], [0, 0], [16, 18], [0, 0]))
     assert torch.equal(grads.applied, torch.zeros(4, 2))  # nothing is applied in the epoch it was collected
 
 
 def test_collect_casts_the_gradient_to_the_table_dtype():
     grads = HaloGradients(2, 1)
-    halo = grads.collect(torch.tensor([[2.0]], dtype=torch.float64), torch.tensor([1]))
+    halo = collect(grads, torch.tensor([[2.0]], dtype=torch.float64), torch.tensor([1]))
     (halo * 0.25).sum().backward()
     assert grads.collected.dtype == torch.float32 and grads.collected[:, 0].tolist() == [0.0, 0.25]
 
 
 def test_applied_gradients_are_last_epochs_collected_ones_added_to_the_owners_gradient():
     grads = HaloGradients(3, 2)
-    (grads.collect(rows([0, 0], [0, 0]), torch.tensor([0, 2])) * rows([1, 2], [3, 4])).sum().backward()
+    (collect(grads, rows([0, 0], [0, 0]), torch.tensor([0, 2])) * rows([1, 2], [3, 4])).sum().backward()
 
     def owner_grad(index, upstream):
         h = rows(*[[1.0, 1.0]] * len(index)).requires_grad_(True)
@@ -199,7 +207,7 @@ def test_applied_gradients_are_last_epochs_collected_ones_added_to_the_owners_gr
 
 def test_applied_gradient_follows_the_gradient_dtype():
     grads = HaloGradients(1, 1)
-    (grads.collect(rows([0]), torch.tensor([0])) * 0.5).sum().backward()
+    (collect(grads, rows([0]), torch.tensor([0])) * 0.5).sum().backward()
     grads.next_epoch()
     h = torch.tensor([[1.0]], dtype=torch.float64, requires_grad=True)
     (grads.apply(h, torch.tensor([0])) * 2).sum().backward()
@@ -228,10 +236,10 @@ def test_fresh_gradients_are_the_ones_collected_when_the_owners_backward_runs():
     assert not hasattr(grads, "applied")  # one table
     h = rows([1, 1], [1, 1]).requires_grad_(True)
     out = grads.apply(h, torch.tensor([2, 0]))  # the owner's forward runs before the others' backward...
-    (grads.collect(rows([0, 0], [0, 0]), torch.tensor([0, 2])) * rows([1, 2], [3, 4])).sum().backward()
+    (collect(grads, rows([0, 0], [0, 0]), torch.tensor([0, 2])) * rows([1, 2], [3, 4])).sum().backward()
     (out * rows([1, 1], [1, 1])).sum().backward()  # ...and its backward after theirs: it gets their sums
     assert torch.equal(h.grad, rows([4, 5], [2, 3]))
-    late = grads.collect(rows([0, 0]), torch.tensor([2]))  # after the owner's backward: never applied
+    late = collect(grads, rows([0, 0]), torch.tensor([2]))  # after the owner's backward: never applied
     (late * rows([9, 9])).sum().backward()
     grads.next_epoch()
     assert torch.equal(grads.collected, torch.zeros(3, 2))
@@ -275,7 +283,7 @@ def test_gradient_tables_for_boundary_nodes_only_hand_the_same_gradients(fresh):
     for grads in (full, mapped):
         h = rows([1, 1], [1, 1], [1, 1], [1, 1]).requires_grad_(True)
         out = grads.apply(h, torch.tensor([3, 0, 1, 4]))  # nodes 0 and 4 have no row
-        (grads.collect(rows([0, 0], [0, 0], [0, 0]), torch.tensor([3, 1, 3])) * rows([1, 2], [3, 4], [5, 6])).sum() \
+        (collect(grads, rows([0, 0], [0, 0], [0, 0]), torch.tensor([3, 1, 3])) * rows([1, 2], [3, 4], [5, 6])).sum() \
             .backward()
         if not fresh:
             grads.next_epoch()

@@ -98,10 +98,9 @@ def accuracy_specs() -> List[dict]:
     # tuned for accuracy: the option docs/convergence.md names for deep GCNII (the default diverges here, see the page),
     # and exact history tables at every epoch's start (one step per epoch: every halo row read is then exact)
     # (and every second epoch's start: half the extra forward)
-    out += [spec(SMALL, "gcnii16", "gnnpipe", strategy=s) for s in ({**TUNED_ACCURACY, **HISTORICAL},
-                                                                     {"refresh_every": 1, **DETACH}, {"refresh_every": 2},
-                                                                     {"history_momentum": 0.5, **HISTORICAL},
-                                                                     {"refresh_every": 1, **TUNED_ACCURACY})]
+    tuned = ({**TUNED_ACCURACY, **HISTORICAL}, {"refresh_every": 1, **DETACH}, {"refresh_every": 2},
+             {"history_momentum": 0.5, **HISTORICAL}, {"refresh_every": 1, **TUNED_ACCURACY})
+    out += [spec(SMALL, "gcnii16", "gnnpipe", strategy=s) for s in tuned]
     # fewer chunks (fewer stale reads), and the learning rate: halved, or annealed (exact training beside each)
     out += [spec(SMALL, "gcnii16", "gnnpipe", chunks=k, strategy=HISTORICAL) for k in (2, 4)]
     out += [spec(SMALL, "gcnii16", m, **lr, **({"strategy": HISTORICAL} if m == "gnnpipe" else {}))

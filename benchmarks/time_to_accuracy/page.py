@@ -62,7 +62,8 @@ DEFAULT_HALO = (
     "on as a view as well (`lightning_gnnpipe/nn/chunk_runner.py`), which also shortens the step without the "
     "gradients. GCNII-16, 300k, one session, before that change (2-epoch fits, the second epoch last): "
     "`halo_gradients=\"fresh\"` 13.08 / 11.57 s of training, largest rank 2.69 GiB, against `\"detach\"`'s 10.41 / "
-    "9.20 s, 1.94 GiB; after it (3-epoch fits, alternating) `\"fresh\"` 9.0-9.9 s (epochs 2 and 3 of 2 runs), largest rank 2.17-2.21 GiB, "
+    "9.20 s, 1.94 GiB; after it (3-epoch fits, alternating) `\"fresh\"` 9.0-9.9 s (epochs 2 and 3 of 2 runs), "
+    "largest rank 2.17-2.21 GiB, "
     "against `\"detach\"`'s 8.2-9.3 s, 1.95-2.06 GiB. At 1M (2 epochs, the second): `\"fresh\"` 39.9-40.2 s "
     "of training (3 runs), largest rank 3.93-3.94 GiB, against `\"detach\"`'s 36.3-36.5 s and 3.44 GiB (2 "
     "runs); before the change `\"fresh\"` peaked at 7.2-7.6 GiB in the 30-epoch runs.")

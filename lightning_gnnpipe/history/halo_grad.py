@@ -118,13 +118,6 @@ class HaloGradients(nn.Module):
 
         return collect
 
-    def collect(self, halo_rows: Tensor, index: Tensor) -> Tensor:
-        """Return ``halo_rows`` ``(h, d)`` made differentiable; their gradient is summed into the row of node
-        ``index`` (:meth:`collector`, as a hook of a new leaf)."""
-        halo_rows = halo_rows.detach().requires_grad_(True)
-        halo_rows.register_hook(self.collector(index))
-        return halo_rows
-
     def apply(self, h: Tensor, index: Tensor, positions: Optional[Tensor] = None) -> Tensor:
         """Return ``h`` ``(n, d)`` whose backward also carries the gradient of nodes ``index``: last epoch's, or with
         ``fresh`` what has been collected for them when this backward runs.

@@ -223,8 +223,10 @@ class ChunkRunner:
         h = h.index_select(0, order)
         h0 = None if h0 is None else h0.index_select(0, order)
         for j, layer in enumerate(self.layer_ids):
-            if before_layer is not None:
-                before_layer(layer, h_in, None) if j == 0 else before_layer(layer, h, position)
+            if before_layer is not None and j == 0:
+                before_layer(layer, h_in, None)
+            elif before_layer is not None:
+                before_layer(layer, h, position)
             if not self.uses_graph[j]:
                 h = self.node_wise(j, h, order, epoch, h0)
             else:

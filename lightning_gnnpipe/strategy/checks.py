@@ -114,8 +114,9 @@ def resolve_halo_gradients(halo_gradients: str, refresh_every: int, schedule: st
     """What a fit does with the gradients that reach halo rows: ``"auto"`` is ``"fresh"`` where the history tables are
     exact at each epoch's start (``refresh_every == 1``), one pipeline runs (``graph_parallel_size == 1``), the
     schedule runs each stage's chunks' backwards in the order of their forwards (``"auto"``, ``"gpipe"``,
-    ``"1f1b"``) and no block drops out (:func:`~lightning_gnnpipe.nn.dropout.first_dropout`): the rows read from the tables are then the owners'
-    training rows, and what it adds is the full-graph gradient along the cut edges the chunk order allows
+    ``"1f1b"``) and no block drops out (:func:`~lightning_gnnpipe.nn.dropout.first_dropout`): the rows read from the
+    tables are then the owners' training rows, and what it adds is the full-graph gradient along the cut edges the
+    chunk order allows
     (:mod:`~lightning_gnnpipe.history.halo_grad`). Else ``"detach"``; where dropout alone decides, one info line in a
     fit says so (the refresh computes the rows without dropout: their gradients are not those of the owners' rows).
 
