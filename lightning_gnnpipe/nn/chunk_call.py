@@ -28,7 +28,8 @@ from torch_geometric.nn import MessagePassing
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph
 from lightning_gnnpipe.nn.dropout import node_rows
 from lightning_gnnpipe.nn.gcn_norm import normalized_convs, precomputed_norm
-from lightning_gnnpipe.nn.sparse import needs_raw_adjacency, sparse_aggregation, sparse_capable
+from lightning_gnnpipe.nn.positional_rows import PositionalRows, reads_block_input
+from lightning_gnnpipe.nn.sparse import needs_raw_adjacency, rectangular_output, sparse_aggregation, sparse_capable
 from lightning_gnnpipe.nn.stack import BasicGNNLayer, call_block, uses_graph
 
 
@@ -45,16 +46,26 @@ class ChunkCaller:
         self.norm_convs: List[nn.Module] = normalized_convs(block)
         self.sparse = graph.adjacency is not None and sparse_capable(block)
 
-    def __call__(self, x_local: Tensor, c: int, rows: Tensor, epoch: int, h0: Optional[Tensor] = None) -> Tensor:
+    def reads_in_place(self, device: torch.device) -> bool:
+        """Whether a call without gradient may read the local rows in place (``positional``, :meth:`__call__`): the
+        block runs on the sparse path, rectangular, its convs reading its input unchanged, outside autocast."""
+        return self.sparse and not torch.is_autocast_enabled(device.type) and rectangular_output(self.block) \
+            and reads_block_input(self.block)
+
+    def __call__(self, x_local: Tensor, c: int, rows: Tensor, epoch: int, h0: Optional[Tensor] = None,
+                 positional: Optional[PositionalRows] = None) -> Tensor:
         """Run the block on chunk ``c``'s local rows.
 
         Args:
-            x_local: ``(n_c + h_c, d)``: inner rows, then halo rows.
+            x_local: ``(n_c + h_c, d)``: inner rows, then halo rows; with ``positional``, its ``inner`` rows
+                ``(n_c, d)`` instead.
             c: The chunk.
             rows: Global node id of each local row ``(n_c + h_c,)``.
             epoch: Keys NodeDropout's masks.
             h0: The initial embedding of the inner rows ``(n_c, d_0)`` (or of the local rows), for blocks that take
                 ``x0`` (GCNII); zero-padded here to the rows the block computes.
+            positional: The local rows as positions in a layer's rows (no gradient; only where
+                :meth:`reads_in_place`), :func:`~lightning_gnnpipe.nn.sparse.sparse_aggregation`.
 
         Returns:
             At least ``n_c`` rows, the first ``n_c`` the inner nodes' outputs (the caller keeps those).
@@ -64,9 +75,13 @@ class ChunkCaller:
         # order moves float32 results by ~1e-7, which the next bfloat16 matmul can turn into a different rounding.
         if self.sparse and not torch.is_autocast_enabled(x_local.device.type):
             assert g.adjacency is not None and g.norm_adjacency is not None
-            with sparse_aggregation(self.block, ei, g.adjacency[c], g.norm_adjacency[c]) as call, \
+            with sparse_aggregation(self.block, ei, g.adjacency[c], g.norm_adjacency[c],
+                                    positional=positional) as call, \
                     node_rows(rows[:call.out_rows], epoch):
                 return call_block(self.block, x_local, ei, _padded(h0, call.out_rows))
+        if positional is not None:
+            raise ValueError(f"ChunkCaller: {type(self.block).__name__} does not run on the sparse path here; "
+                             "positional rows need it (reads_in_place).")
         if g.compacted:  # its edge lists were dropped: the edge-list path would aggregate over nothing
             raise RuntimeError(
                 f"GNNPipe: block {type(self.block).__name__} takes the edge-list path (autocast on: "

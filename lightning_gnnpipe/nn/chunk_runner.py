@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph
 from lightning_gnnpipe.nn.chunk_call import ChunkCaller
 from lightning_gnnpipe.nn.dropout import node_rows
+from lightning_gnnpipe.nn.positional_rows import PositionalRows
 from lightning_gnnpipe.nn.stack import call_block, uses_graph
 
 HaloGrad = Callable[[Tensor], None]
@@ -120,18 +121,20 @@ class ChunkRunner:
         self._no_edges = graph.nodes[0].new_zeros(2, 0)  # what a node-wise block gets as `edge_index`
         self._order: Optional[Tuple[Tensor, Tensor, List[Tensor], List[Tuple[int, int]]]] = None
 
-    def call(self, j: int, x_local: Tensor, c: int, epoch: int, h0: Optional[Tensor] = None) -> Tensor:
+    def call(self, j: int, x_local: Tensor, c: int, epoch: int, h0: Optional[Tensor] = None,
+             positional: Optional[PositionalRows] = None) -> Tensor:
         """Run message-passing block ``j`` on chunk ``c``'s local rows ``(n_c + h_c, d)``; at least ``n_c`` rows out.
 
         ``h0``: the inner rows' ``x0`` ``(n_c, d_0)`` for a block that takes it (the caller pads it with zeros to
-        the rows the block computes, :class:`~lightning_gnnpipe.nn.chunk_call.ChunkCaller`).
+        the rows the block computes, :class:`~lightning_gnnpipe.nn.chunk_call.ChunkCaller`). ``positional``: read the
+        local rows in place (``x_local`` is then its inner rows; no gradient).
         """
         if self.activation_checkpointing and torch.is_grad_enabled() and x_local.requires_grad:
             # Keep only the block's input until the backward pass, which runs the block again (same dropout draws:
             # the RNG state is saved with it). Halo rows are read and written outside, so the rerun sees the very
             # inputs of the first run.
             return checkpoint(self.callers[j], x_local, c, self.local_ids[c], epoch, h0, use_reentrant=False)
-        return self.callers[j](x_local, c, self.local_ids[c], epoch, h0)
+        return self.callers[j](x_local, c, self.local_ids[c], epoch, h0, positional)
 
     def node_wise(self, j: int, h: Tensor, ids: Tensor, epoch: int, h0: Optional[Tensor] = None) -> Tensor:
         """Run node-wise block ``j`` on rows ``h`` ``(n, d)`` of the nodes ``ids`` ``(n,)``."""
@@ -216,9 +219,12 @@ class ChunkRunner:
         The rows are kept in chunk order (chunk 0's inner rows, then chunk 1's, ...), so that each chunk's inner rows
         are one slice: a chunk's output is copied into its slice instead of scattered to its nodes' rows (a scatter
         of ``n_c`` rows costs several times a contiguous copy on a CPU), and its local rows are read from that slice
-        and its halo rows. The rows are put in chunk order once on entry and back in node order on exit.
+        and its halo rows: in place, without a gathered copy, where the block allows it and no gradient is recorded
+        (:class:`~lightning_gnnpipe.nn.positional_rows.PositionalRows`), else gathered into one tensor. The rows are
+        put in chunk order once on entry and back in node order on exit.
         """
         order, position, local, bounds = self._chunk_order()
+        renamed: dict = {}  # the chunks' operators with columns renamed to row positions, for this forward
         h_in, h0_in = h, h0
         h = h.index_select(0, order)
         h0 = None if h0 is None else h0.index_select(0, order)
@@ -231,12 +237,18 @@ class ChunkRunner:
                 h = self.node_wise(j, h, order, epoch, h0)
             else:
                 out: Optional[Tensor] = None
+                in_place = not torch.is_grad_enabled() and self.callers[j].reads_in_place(h.device)
                 for c, (a, b) in zip(self.chunks, bounds):
-                    halo = local[c]
-                    x_local = h.new_empty(b - a + halo.numel(), h.size(1))
-                    x_local[: b - a].copy_(h[a:b])
-                    _select_into(h, halo, x_local[b - a:])
-                    o = self.call(j, x_local, c, epoch, None if h0 is None else h0[a:b])
+                    h0_c = None if h0 is None else h0[a:b]
+                    if in_place:  # the block reads its local rows straight from h: no copy, no gather
+                        rows = PositionalRows(h, a, self._local_positions(c, a, b), b - a, renamed)
+                        o = self.call(j, rows.inner, c, epoch, h0_c, rows)
+                    else:
+                        halo = local[c]
+                        x_local = h.new_empty(b - a + halo.numel(), h.size(1))
+                        x_local[: b - a].copy_(h[a:b])
+                        _select_into(h, halo, x_local[b - a:])
+                        o = self.call(j, x_local, c, epoch, h0_c)
                     if out is None:
                         out = o.new_empty(h.size(0), o.size(-1))
                     out[a:b].copy_(o[: b - a])
@@ -247,6 +259,11 @@ class ChunkRunner:
         if h0 is not None:
             h0 = h0_in if h0_in is not None and 0 not in self.layer_ids else h0.index_select(0, position)
         return h, h0
+
+    def _local_positions(self, c: int, a: int, b: int) -> Tensor:
+        """Chunk ``c``'s local rows' positions in chunk order ``(n_c + h_c,)``: ``a .. b - 1``, then its halo's."""
+        halo = self._chunk_order()[2][c]
+        return torch.cat([torch.arange(a, b, device=halo.device, dtype=halo.dtype), halo])
 
     def _chunk_order(self) -> Tuple[Tensor, Tensor, List[Tensor], List[Tuple[int, int]]]:
         """Node ids in chunk order ``(|V|,)``, each node's position in it ``(|V|,)``, per chunk the positions of its

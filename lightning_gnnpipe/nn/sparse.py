@@ -91,6 +91,7 @@ from lightning_gnnpipe.data.adjacency import ChunkAdjacency, SparseAdjacency
 from lightning_gnnpipe.nn.gcn_norm import gcn2_mix, norm_key
 from lightning_gnnpipe.nn.forward_swap import current_forward, swapped_forward
 from lightning_gnnpipe.nn.inner_rows import inner_row_forwards, known_row_wise
+from lightning_gnnpipe.nn.positional_rows import PositionalRows, reads_block_input
 
 __all__ = ["SPARSE_CONVS", "SparseCall", "conv_sparse_capable", "rectangular_output", "sparse_aggregation",
            "sparse_capable"]
@@ -164,8 +165,10 @@ class _Chunk:
     """The chunk a block call runs on, and the sparse pieces of each conv forward."""
 
     def __init__(self, edge_index: Tensor, adjacency: Optional[ChunkAdjacency],
-                 norm_adjacency: Mapping[Tuple[bool, bool], ChunkAdjacency], out_rows: int) -> None:
+                 norm_adjacency: Mapping[Tuple[bool, bool], ChunkAdjacency], out_rows: int,
+                 positional: Optional[PositionalRows] = None) -> None:
         self.edge_index, self.adjacency, self.norm_adjacency = edge_index, adjacency, norm_adjacency
+        self.positional = positional
         shape = adjacency if adjacency is not None else next(iter(norm_adjacency.values()))
         self.n_inner, self.n_local, self.out_rows = shape.n_inner, shape.n_local, out_rows
 
@@ -177,7 +180,16 @@ class _Chunk:
                                     and edge_index.data_ptr() == ei.data_ptr())
 
     def local_rows(self, x) -> bool:
+        if self.positional is not None:  # the block's input stands for its local rows; nothing else may reach a conv
+            if not self.positional.holds(x):
+                raise RuntimeError("sparse_aggregation: with positional rows every conv must get the block's input "
+                                   "rows unchanged (reads_block_input), got another tensor.")
+            return True
         return isinstance(x, Tensor) and x.dim() == 2 and x.size(0) == self.n_local
+
+    def gathered(self, x):
+        """``x`` as local rows ``(n_local, d)``: gathered when it is the positional rows' inner slice."""
+        return self.positional.local() if self.positional is not None and self.positional.holds(x) else x
 
     def raw(self, conv: MessagePassing, x: Tensor, edge_weight: Optional[Tensor] = None) -> SparseAdjacency:
         if self.adjacency is None:
@@ -196,11 +208,12 @@ class _Chunk:
         if x.device != op.adj_t.device:
             raise ValueError(f"sparse_aggregation: features on {x.device}, adjacency on {op.adj_t.device}. "
                              "Move the ChunkAdjacency (ChunkAdjacency.to).")
-        out = op.matmul(x.to(op.dtype))
+        p = self.positional
+        out = p.matmul(op) if p is not None and p.holds(x) else op.matmul(x.to(op.dtype))
         return F.pad(out, (0, 0, 0, self.out_rows - self.n_inner)) if self.out_rows > self.n_inner else out
 
     def fallback(self, orig: Callable, *args, **kwargs) -> Tensor:
-        return orig(*args, **kwargs)[: self.out_rows]
+        return orig(*[self.gathered(a) for a in args], **kwargs)[: self.out_rows]
 
 
 def _plain(c: _Chunk, x, edge_index, size=None, edge_weight: Optional[Tensor] = None) -> bool:
@@ -227,7 +240,7 @@ def _gcn_forward(conv: GCNConv, c: _Chunk, orig: Callable) -> Callable:
                 and not torch.is_autocast_enabled(x.device.type):
             out = conv.lin(c.aggregate(op, x))  # (A x) W = A (x W): lin has no bias
         else:
-            out = c.aggregate(op, conv.lin(x))
+            out = c.aggregate(op, conv.lin(c.gathered(x)))
         return out if conv.bias is None else out + conv.bias
     return forward
 
@@ -248,7 +261,7 @@ def _sage_forward(conv: SAGEConv, c: _Chunk, orig: Callable) -> Callable:
     def forward(x, edge_index, size=None):
         if not _plain(c, x, edge_index, size):
             return c.fallback(orig, x, edge_index, size)
-        x_src = conv.lin(x).relu() if conv.project and hasattr(conv, "lin") else x
+        x_src = conv.lin(c.gathered(x)).relu() if conv.project and hasattr(conv, "lin") else x
         out = conv.lin_l(c.aggregate(c.raw(conv, x_src), x_src))
         if conv.root_weight:
             out = out + conv.lin_r(x[: c.out_rows])
@@ -285,6 +298,7 @@ def sparse_aggregation(
     adjacency: Optional[ChunkAdjacency],
     norm_adjacency: Optional[Mapping[Tuple[bool, bool], ChunkAdjacency]] = None,
     allow_rectangular: bool = True,
+    positional: Optional[PositionalRows] = None,
 ) -> Iterator[SparseCall]:
     """Make the block's convs aggregate through the chunk's sparse adjacency while the context is open.
 
@@ -304,6 +318,11 @@ def sparse_aggregation(
             the chunk's full-graph ``gcn_norm`` edges, weights = coefficients
             (``build_adjacency(norm_ei, n_inner, n_local, norm_ew)``).
         allow_rectangular: ``False`` forces square outputs (``n_local`` rows) even for a rectangular block.
+        positional: The chunk's local rows as positions in a layer's rows
+            (:class:`~lightning_gnnpipe.nn.positional_rows.PositionalRows`, no gradient): the block is then called
+            with ``positional.inner`` ``(n_inner, d)`` in place of its local rows, and its convs aggregate from
+            ``positional.rows``. Only for a rectangular block whose convs read its input unchanged
+            (:func:`~lightning_gnnpipe.nn.positional_rows.reads_block_input`).
 
     Yields:
         :class:`SparseCall`: ``out_rows`` (``n_inner`` or ``n_local``), the rows each conv returns; declare
@@ -350,8 +369,11 @@ def sparse_aggregation(
                 raise ValueError(f"sparse_aggregation: normalised adjacency {key} is ({a.n_inner}, {a.n_local}), "
                                  f"the chunk's ({adjacency.n_inner}, {adjacency.n_local}).")
     rect = allow_rectangular and rectangular_output(block)
+    if positional is not None and not (rect and reads_block_input(block)):
+        raise ValueError(f"sparse_aggregation: positional rows need a rectangular block whose convs read its input "
+                         f"unchanged (reads_block_input); {type(block).__name__} is not (rectangular: {rect}).")
     out_rows = adjacency.n_inner if rect else adjacency.n_local
-    chunk = _Chunk(edge_index, raw, norm_adjacency, out_rows)
+    chunk = _Chunk(edge_index, raw, norm_adjacency, out_rows, positional)
     swaps = [(conv, _FORWARDS[type(conv)](conv, chunk, current_forward(conv))) for conv in convs]
     with swapped_forward(swaps + (inner_row_forwards(block) if rect else [])):
         yield SparseCall(out_rows=out_rows, rectangular=rect)
