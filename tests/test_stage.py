@@ -26,12 +26,14 @@ def make_stages(gnn, data, num_chunks, num_stages, sparse=False, **options):
     plan = build_chunk_plan(data.edge_index, data.num_nodes, num_chunks)
     dims = infer_dims(stack.blocks, data.x[:2])
     stages = []
+    x0_block = options.pop("x0_block", None)  # each later stage computes x0 with it (the features then go there too)
     for layers in split_layers(stack.num_layers, num_stages):
         blocks = [stack.blocks[i] for i in layers]
         kernels = chunk_graph_options(blocks) if sparse else {}  # as the strategies build them
         graph = build_chunk_graph(plan, data.edge_index, norm_keys(blocks), torch.device("cpu"), **kernels)
-        stages.append(GNNStage(blocks, layers, dims, graph, x=data.x if 0 in layers else None,
-                               carry_x0=any(takes_x0(b) for b in stack.blocks), **options))
+        x0 = {"x0_block": x0_block} if x0_block is not None else {}
+        stages.append(GNNStage(blocks, layers, dims, graph, x=data.x if 0 in layers or x0 else None,
+                               carry_x0=any(takes_x0(b) for b in stack.blocks), **options, **x0))
     return plan, stages
 
 
@@ -167,6 +169,43 @@ def test_gcnii_carries_h0_through_stages(cora):
             h = h if isinstance(h, tuple) else (h,)
         chunked[plan.nodes[c]] = h[0][: plan.nodes[c].numel()]
     torch.testing.assert_close(chunked, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("x0_here", [False, True])
+def test_stages_hand_their_rows_over_in_chunk_order(cora, x0_here):
+    """Stages of one plan may pass the rows (``h``, and ``x0`` unless each stage computes it, ``x0_here``) in its chunk
+    order: the same logits and tables, bit for bit, and each intermediate output is the node-order one's rows in chunk
+    order."""
+    from lightning_gnnpipe.nn.gcnii import GCNII
+
+    torch.manual_seed(0)
+    model = GCNII(cora.num_features, 32, 7, num_layers=6).eval()
+    # x0_here: every later stage computes x0 from the features with block 0, as the strategy's ranks do
+    _, stages = make_stages(model, cora, num_chunks=4, num_stages=3, sparse=True,
+                            x0_block=model.blocks[0] if x0_here else None)
+    order, _ = stages[0].runner.chunk_order()
+    runs = []
+    for ordered in (False, True):
+        for stage in stages:
+            for table in stage.histories.values():
+                table.reset()
+        out, middle = (cora.x,), []
+        for i, stage in enumerate(stages):
+            flags = (ordered and i > 0, ordered and i < len(stages) - 1)
+            out = stage.forward_full(*out, write_history=True, chunk_order=flags)
+            out = out if isinstance(out, tuple) else (out,)
+            middle.append(out)
+        tables = [t.emb.clone() for stage in stages for t in stage.histories.values()]
+        runs.append((out[0], middle, tables))
+    (plain, plain_middle, plain_tables), (moved, moved_middle, moved_tables) = runs
+    assert torch.equal(moved, plain)
+    torch.testing.assert_close(plain, model(cora.x, cora.edge_index), atol=1e-5, rtol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(moved_tables, plain_tables)) and len(plain_tables) == 6
+    for a, b in zip(moved_middle[:-1], plain_middle[:-1]):  # h (and x0) of stages 0 and 1
+        assert len(a) == (1 if x0_here else 2) and all(torch.equal(x, y[order]) for x, y in zip(a, b))
+    with pytest.raises(ValueError, match="every chunk"):
+        stages[0].runner.__class__(stages[0].runner.blocks, stages[0].runner.layer_ids, stages[0].graph, x=cora.x,
+                                   chunks=[0]).run_full(cora.x, None, 0, chunk_order=(True, False))
 
 
 @pytest.mark.parametrize("name", ["gcn", "sage", "gin"])

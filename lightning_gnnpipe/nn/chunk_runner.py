@@ -176,7 +176,8 @@ class ChunkRunner:
 
     def run_full(self, h: Tensor, h0: Optional[Tensor], epoch: int,
                  before_layer: Optional[BeforeLayer] = None,
-                 combine: Optional[Combine] = None) -> Tuple[Tensor, Optional[Tensor]]:
+                 combine: Optional[Combine] = None, chunk_order: Tuple[bool, bool] = (False, False),
+                 ) -> Tuple[Tensor, Optional[Tensor]]:
         """Compute every block exactly for the whole graph, layer by layer; return the output and ``x0``.
 
         Every chunk's halo rows are the exact rows of the layer's input, so the result is the unsplit blocks'.
@@ -189,9 +190,18 @@ class ChunkRunner:
                 they are not in node order, each node's row in them ``(|V|,)`` (else ``None``); e.g. a history
                 refresh (:meth:`~lightning_gnnpipe.history.history.History.refresh`).
             combine: Applied to each message-passing layer's output (:data:`Combine`).
+            chunk_order: Whether ``h`` and ``h0`` come, and whether the outputs leave, in chunk order (chunk 0's inner
+                rows, then chunk 1's, ...: :meth:`chunk_order`) instead of node order; e.g. between the stages of one
+                plan, which share that order. Only where this runner holds every chunk.
+
+        Raises:
+            ValueError: ``chunk_order`` asked of a runner that holds some chunks only.
         """
         if len(self.chunks) == self.graph.num_chunks:  # the chunks cover every node: run them in chunk order
-            return self._run_full_chunk_order(h, h0, epoch, before_layer)
+            return self._run_full_chunk_order(h, h0, epoch, before_layer, chunk_order)
+        if any(chunk_order):
+            raise ValueError(f"ChunkRunner.run_full: rows in chunk order need a runner of every chunk (this one runs "
+                             f"{len(self.chunks)} of {self.graph.num_chunks}); got chunk_order={chunk_order}.")
         g = self.graph
         for j, layer in enumerate(self.layer_ids):
             if before_layer is not None:
@@ -212,8 +222,8 @@ class ChunkRunner:
             h0 = h if layer == 0 and self.carry_x0 else h0
         return h, h0
 
-    def _run_full_chunk_order(self, h: Tensor, h0: Optional[Tensor], epoch: int,
-                              before_layer: Optional[BeforeLayer]) -> Tuple[Tensor, Optional[Tensor]]:
+    def _run_full_chunk_order(self, h: Tensor, h0: Optional[Tensor], epoch: int, before_layer: Optional[BeforeLayer],
+                              chunk_order: Tuple[bool, bool]) -> Tuple[Tensor, Optional[Tensor]]:
         """:meth:`run_full` when this runner holds every chunk (one partition: nothing to combine).
 
         The rows are kept in chunk order (chunk 0's inner rows, then chunk 1's, ...), so that each chunk's inner rows
@@ -221,15 +231,17 @@ class ChunkRunner:
         of ``n_c`` rows costs several times a contiguous copy on a CPU), and its local rows are read from that slice
         and its halo rows: in place, without a gathered copy, where the block allows it and no gradient is recorded
         (:class:`~lightning_gnnpipe.nn.positional_rows.PositionalRows`), else gathered into one tensor. The rows are
-        put in chunk order once on entry and back in node order on exit.
+        put in chunk order once on entry and back in node order on exit, unless they come or leave so (``chunk_order``).
         """
         order, position, local, bounds = self._chunk_order()
         renamed: dict = {}  # the chunks' operators with columns renamed to row positions, for this forward
+        ordered_in, ordered_out = chunk_order
         h_in, h0_in = h, h0
-        h = h.index_select(0, order)
-        h0 = None if h0 is None else h0.index_select(0, order)
+        if not ordered_in:
+            h = h.index_select(0, order)
+            h0 = None if h0 is None else h0.index_select(0, order)
         for j, layer in enumerate(self.layer_ids):
-            if before_layer is not None and j == 0:
+            if before_layer is not None and j == 0 and not ordered_in:
                 before_layer(layer, h_in, None)
             elif before_layer is not None:
                 before_layer(layer, h, position)
@@ -255,10 +267,18 @@ class ChunkRunner:
                 assert out is not None
                 h = out
             h0 = h if layer == 0 and self.carry_x0 else h0
+        if ordered_out:
+            return h, h0
         h = h.index_select(0, position)
-        if h0 is not None:
-            h0 = h0_in if h0_in is not None and 0 not in self.layer_ids else h0.index_select(0, position)
+        if h0 is not None:  # x0 passed through unchanged goes back as it came, if it came in node order
+            passed = h0_in is not None and 0 not in self.layer_ids and not ordered_in
+            h0 = h0_in if passed else h0.index_select(0, position)
         return h, h0
+
+    def chunk_order(self) -> Tuple[Tensor, Tensor]:
+        """The node ids in chunk order ``(|V|,)`` and each node's position in it ``(|V|,)`` (built once)."""
+        order, position, _, _ = self._chunk_order()
+        return order, position
 
     def _local_positions(self, c: int, a: int, b: int) -> Tensor:
         """Chunk ``c``'s local rows' positions in chunk order ``(n_c + h_c,)``: ``a .. b - 1``, then its halo's."""

@@ -227,12 +227,18 @@ class PipelineRuntime:
                      drift: Optional[Dict[int, Tuple[float, float]]] = None) -> Tensor:
         """Exact layer-by-layer forward through all stages; return the logits ``(|V|, C)`` on every rank.
 
+        With one partition the rows pass from stage to stage in the chunk order of the plan the stages share (each
+        stage keeps them so while it runs), not put back in node order and out of it again at every boundary.
+
         Args:
             write_history: Refill the history tables with the exact inputs of every layer (a refresh).
             drift: Receives each refreshed layer's ``||h_hist - h_exact||^2`` and ``||h_exact||^2`` (this rank's tables).
         """
         lay, n, h = self.layout, self.num_nodes, None
         rank_of = lay.global_ranks
+        # With one partition every stage runs every chunk of one plan: the rows between stages stay in its chunk order
+        ordered = lay.graph_parallel_size == 1
+        last = len(lay.stage_position) - 1
         if self.x0_sync is not None:
             self.x0_sync.weights()
         outputs: tuple = ()
@@ -247,9 +253,10 @@ class PipelineRuntime:
                     dist.recv(t, src=rank_of[lay.stage_position[i - 1]], group=lay.pipeline_group)
                 inputs = [t.to(self.data_dtype) for t in inputs]
             with intra_op_threads(self.eval_threads):  # the other stages wait meanwhile: their cores are free
-                out = stage.forward_full(*inputs, write_history=write_history, drift=drift)
+                out = stage.forward_full(*inputs, write_history=write_history, drift=drift,
+                                         chunk_order=(ordered and i > 0, ordered and i < last))
             outputs = out if isinstance(out, tuple) else (out,)
-            if i == len(lay.stage_position) - 1:
+            if i == last:
                 h = outputs[0].to(self.data_dtype)
             elif lay.stage_position[i + 1] != lay.position:
                 for t in outputs:

@@ -226,7 +226,8 @@ class GNNStage(nn.Module):
 
     @torch.no_grad()
     def forward_full(self, h: Tensor, *carried: Tensor, write_history: bool = False,
-                     drift: Optional[Dict[int, Tuple[float, float]]] = None):
+                     drift: Optional[Dict[int, Tuple[float, float]]] = None,
+                     chunk_order: Tuple[bool, bool] = (False, False)):
         """Compute this stage's layers exactly for the whole graph, layer by layer.
 
         Every layer sees fresh inputs for all nodes (no historical rows), so stacking the
@@ -239,6 +240,9 @@ class GNNStage(nn.Module):
             write_history: Whether to refill the history tables.
             drift: If given (with ``write_history``), receives each refreshed layer's ``||old - exact||^2`` and
                 ``||exact||^2`` over its table's rows, before the refresh (:func:`~lightning_gnnpipe.history.history.drift_of`).
+            chunk_order: Whether the inputs come, and the outputs leave, with their rows in the chunk order of this
+                stage's plan instead of node order (between stages of one plan, :meth:`~lightning_gnnpipe.nn.
+                chunk_runner.ChunkRunner.run_full`); only with one partition.
 
         Returns:
             Output embeddings of all nodes ``(|V|, dims[l_{s+1}])`` (and ``h0`` when carried).
@@ -251,9 +255,11 @@ class GNNStage(nn.Module):
 
         # every partition computes its own chunks' rows and receives its halo's from their owners before the next
         # layer (no-op with one partition); the last stage's result is then gathered whole
-        h0 = carried[0] if carried else self._x0(torch.arange(h.size(0), device=h.device))
+        # x0 computed here comes in the order of the rows: the plan's chunk order when they come so
+        ids = self.runner.chunk_order()[0] if chunk_order[0] else torch.arange(h.size(0), device=h.device)
+        h0 = carried[0] if carried else self._x0(ids)
         h, h0 = self.runner.run_full(h, h0, self.epoch, before_layer=refresh,
-                                     combine=self.partitions.share_halo_rows)
+                                     combine=self.partitions.share_halo_rows, chunk_order=chunk_order)
         if self.is_last:
             h = self.partitions.gather_rows(h)
         return self._outputs(h, h0, h.size(0))
