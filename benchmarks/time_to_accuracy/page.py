@@ -72,62 +72,74 @@ SINCE = [
     "**Current code, re-measured.** The tables further down are records of earlier code (most of them on a faster "
     "2-core host); the first table here is the current code on this page's latest host, every row from runs of one "
     "session made alone on the machine (`python -m benchmarks.time_to_accuracy.worker` through `bench.measure`, free "
-    "link, 2-epoch fits, the second epoch; they are the cached records the tables below read; the 1M GraphSAGE-8 row "
-    "is from an earlier session, before either `\"auto\"`). Epochs to 99% of exact's best validation accuracy come "
-    "from the 30-epoch accuracy runs below.",
+    "link, 2-epoch fits, the second epoch; they are the cached records the tables below read, which take a mode's "
+    "latest run; the 1M GraphSAGE-8 row is from an earlier session, before either `\"auto\"`). Epochs to 99% of "
+    "exact's best validation accuracy come from the 30-epoch accuracy runs below. Sessions differ: the single "
+    "process's 300k GCNII-16 epoch took 21.4 + 3.5 s in the previous session and 18.1-19.3 + 3.1-3.2 s in this one "
+    "(3 runs), its GraphSAGE-8 epoch 11.8 + 2.5 s against 10.3 + 2.2 s, while GNNPipe's changed less, so every ratio "
+    "pairs runs of one session (in the previous one GNNPipe's defaults reached 99% in 0.66x, 0.64x, 0.73x and, at "
+    "1M, 0.74x the single process's time).",
     "",
     "| nodes | model | mode | GNNPipe train + val s / epoch | exact, one process | epoch ÷ exact "
     "| epochs to 99% (GNNPipe, exact) | s to 99% ÷ exact (≤ 0.7x) | peak USS, largest rank (exact) |",
     "|---|---|---|---|---|---|---|---|---|",
-    "| 300k | gcnii16 | `GNNPipeStrategy()` | 10.7 + 4.7 | 21.4 + 3.5 | 0.62x | 30, 28 (seed 0); 28, 27 (seed 1) "
-    "| 0.66x, 0.64x | 1.9 GiB (3.3) |",
-    "| 300k | ressage8 | `GNNPipeStrategy()` | 7.9 + 2.5 | 11.8 + 2.5 | 0.73x | 30, 30 (both seeds) | 0.73x "
+    "| 300k | gcnii16 | `GNNPipeStrategy()` (3 runs) | 9.8-10.6 + 3.8-4.3 | 18.1-19.3 + 3.1-3.2 (3 runs) "
+    "| 0.65x (medians; 0.60x-0.70x) | 30, 28 (seed 0); 28, 27 (seed 1) | 0.70x, 0.68x (medians; the latest pair "
+    "0.64x, 0.62x) | 1.8-1.9 GiB (3.3) |",
+    "| 300k | ressage8 | `GNNPipeStrategy()` | 7.3 + 2.4 | 10.3 + 2.2 | 0.78x | 30, 30 (both seeds) | 0.78x "
     "| 1.6 GiB (2.8) |",
-    "| 1M | gcnii16 | `GNNPipeStrategy()` | 39.0 + 16.3 | 69.0 + 11.7 | 0.69x | 29, 27 | 0.74x | 3.93 GiB (10.26) |",
+    "| 1M | gcnii16 | `GNNPipeStrategy()` (3 runs) | 36.6-41.0 + 12.7-15.1 | 69.0-72.3 + 12.1-12.4 (2 runs) | 0.66x (medians; 0.58x-0.69x) | 29, 27 | 0.71x (medians; the latest pair 0.65x) "
+    "| 3.86-4.00 GiB (10.26) |",
     "| 1M | ressage8 | `GNNPipeStrategy(refresh_every=0)` (earlier session) | 32.8 + 10.6 | 38.6 + 11.1 | 0.87x "
     "| 30, 30 | 0.87x | 3.56 GiB (8.63) |",
     "",
-    "**A cheaper exact forward.** GNNPipe's exact validation (and the history refresh it carries) now costs less: "
-    "while it runs, blocks below 32 MiB (a chunk's rows up to 1M nodes) come from glibc's heap and are reused chunk "
-    "after chunk instead of faulted in as fresh mappings under the ranks' 16 MiB threshold "
-    "(`lightning_gnnpipe.strategy.allocator.evaluation_heap`; the heap's free pages go back to the OS when it ends); "
-    "the refresh reads each table's rows straight from the stage's chunk-ordered rows instead of putting all rows back "
-    "in node order first (a `(|V|, d)` gather per layer, made even by a validation that refreshes nothing); and "
-    "GCN2Conv's mix after the aggregation scales and adds in place, as PyG's own forward does. Same values (the "
-    "validation accuracies of the 2-epoch runs agree to every digit). GCNII-16 at 1M, one session, 2-epoch fits, the "
-    "second epoch: validation 15.4 and 16.3 s (2 runs) against 20.8 s before (training 39.5 and 39.0 s against 42.4 "
-    "s), largest rank 3.93-3.94 GiB peak USS either way (the other rank 3.71-3.74 against 3.66 GiB); at 300k 4.7 s "
-    "against 4.9 s of validation, 1.9 against 2.1 GiB. GraphSAGE-8, whose validation runs graph-parallel, is "
-    "unchanged (300k: 7.9 + 2.5 s against 7.8 + 2.5 s). Where the rest goes: in one process with 2 threads "
-    "(`torch.profiler`), the two GCNII-16 stages' exact forward at 1M takes 17.0 s against 11.7 s for the whole-graph "
-    "CSR forward; the sparse products cost the same per layer (0.37 s), the difference is memory traffic: each "
-    "chunk's local rows are assembled (its inner rows copied, its halo rows gathered) and its output copied into the "
-    "layer's rows, four chunk-sized copies per chunk against two per layer. Evaluating the graph-parallel way "
-    "(`evaluation=\"graph_parallel\"`, the same session) took 15.0 s at 1M, no faster, with the largest rank at "
-    "4.11 GiB.",
+    "**A cheaper exact forward.** GNNPipe's exact validation (and the history refresh it carries) costs less than in "
+    "the records below, at the same values (the tests compare the outputs bit for bit; the 2-epoch runs' validation "
+    "accuracies agree to every digit): while it runs, blocks below 32 MiB (a chunk's rows up to 1M nodes) come from "
+    "glibc's heap and are reused chunk after chunk instead of faulted in as fresh mappings under the ranks' 16 MiB "
+    "threshold (`lightning_gnnpipe.strategy.allocator.evaluation_heap`; the heap's free pages go back to the OS when "
+    "it ends); the refresh reads each table's rows straight from the stage's chunk-ordered rows; GCN2Conv's mix after "
+    "the aggregation scales and adds in place, as PyG's own forward does; a chunk's block reads its local rows in "
+    "place: where every conv of the block gets the block's input unchanged (a GCNII layer, a PyG `BasicGNN` layer, a "
+    "`DeepGCNLayer` other than `\"res+\"`) and nothing records a gradient, the chunk's CSR adjacency with its "
+    "columns renamed to positions in the layer's rows multiplies those rows directly "
+    "(`lightning_gnnpipe/nn/positional_rows.py`), so the chunk's inner rows are not copied and its halo rows not "
+    "gathered (the renamed columns, a 4-byte index per adjacency entry of the stage, about 84 MiB per stage at 1M, "
+    "live while the forward runs); and the stages hand their rows (and GCNII's `x0`) to each other in the plan's "
+    "chunk order, not back in node order and out of it again at every boundary. GCNII-16, 2-epoch fits, the second "
+    "epoch: at 300k, reading in place against gathering, alternating in one session, 4 fits each, validation 4.14-4.70 "
+    "s against 4.57-4.96 s; at 1M, validation 12.7-15.1 s (3 runs of the current code; 14.0 and 14.3 s in 2 runs that read in place but still reordered the rows at the stage boundary) against 15.4-16.3 s before both in the previous session, largest rank 3.86-4.02 GiB peak USS against 3.93-3.94 GiB. A refresh that copies the table block by block (cache-sized blocks: "
+    "the rows read once, the table read and written once) measured no faster in the fits (1M: 14.35 against 14.01 "
+    "s; 300k: 4.30 and 4.45 against 4.31 and 4.08 s) and was left out. GraphSAGE-8 (residual `\"res+\"` blocks, "
+    "which normalise their input before the conv) validates graph-parallel and gains nothing from these. Where the "
+    "rest goes: in one process with the ranks' allocator settings (`torch.set_num_threads(2)`), the two GCNII-16 "
+    "stages' exact forward now takes 12.5-12.8 s at 1M against 11.4-12.6 s for the whole-graph CSR forward, and "
+    "3.5-3.7 s against 3.4-3.6 s at 300k: the stages compute what the single process computes in about its time. In "
+    "a fit each stage's forward takes 15-20% longer than in that process (300k, timed inside the ranks: 2.1-2.5 s a "
+    "stage, both cores busy, the waiting rank using 0.05 s of CPU, the stage boundary 0.03 s), for reasons not found "
+    "here. Evaluating the graph-parallel way (`evaluation=\"graph_parallel\"`) took 15.0 s at 1M in the previous "
+    "session, with the largest rank at 4.11 GiB.",
     "",
     DEFAULT_HALO,
     "",
-    "So at 300k GNNPipe's defaults reach 99% of exact's best validation accuracy in 0.64x-0.66x the single process's "
-    "time with GCNII-16 and 0.73x with GraphSAGE-8, and at 1M in 0.74x with GCNII-16 (0.87x with GraphSAGE-8 in the "
-    "earlier session). Where the time goes, GCNII-16: GNNPipe's training step is 0.50x the single process's at 300k "
-    "and 0.57x at 1M (two processes on two cores), its pipelined exact validation 1.34x and 1.39x (4.7 against 3.5 s, "
-    "16.3 against 11.7 s), and it needs 1-2 more epochs (30 against 28, 28 against 27, 29 against 27). With "
-    "validation at the single process's cost the 1M epoch would be 0.63x and its time to 99% 0.68x. GraphSAGE-8 at "
-    "300k: training 0.67x, validation (graph-parallel, `evaluation=\"auto\"`) 1.02x. Evaluating GCNII-16 "
-    "graph-parallel as well "
-    "(`evaluation=\"graph_parallel\"`: its history refresh then runs in that forward too, each rank sending its "
-    "part's rows of every table to the table's stage, `lightning_gnnpipe/strategy/graph_parallel_refresh.py`; the "
-    "tables equal the pipelined refresh's) took 4.7 s against 5.5 s pipelined at 300k in an earlier session; "
-    "`\"auto\"` keeps the pipelined forward for GCNII-16, whose graph-parallel forward sends 2.8x the bytes. "
-    "The validation runs the "
-    "two stages one after the other, each with both cores (each rank's stage forward 2.6-3.2 s in a fit, against "
-    "3.6-3.9 s for the single process's whole forward): a stage computes a layer chunk by chunk, each chunk reading "
-    "a gathered copy of its inner and halo rows (on this graph a chunk's halo is about as large as the chunk). "
-    "Running such a layer once on all rows instead (the chunks' CSR operators side by side, columns renamed to the "
-    "rows' positions) was tried and left out: GCNII-16's validation 5.95 -> 5.65 s, GraphSAGE-8's unchanged (2.90 "
-    "-> 2.99 s), but the largest rank's peak USS grew by 0.3 GiB (2.86-2.99 -> 3.17-3.29 GiB: whole-graph "
-    "temporaries instead of chunk-sized ones), 2 runs each.",
+    "So in this session GNNPipe's defaults reach 99% of exact's best validation accuracy in 0.68x-0.70x the single "
+    "process's time at 300k with GCNII-16 (medians of 3 runs each; 0.62x-0.64x with the latest pair), 0.71x with GCNII-16 (medians; 0.65x with the latest pair) at "
+    "1M, and 0.78x with GraphSAGE-8 at 300k (0.87x at 1M in an earlier session): the 0.7x target is met, at best, "
+    "at the line for GCNII-16 and missed for GraphSAGE-8. Where the time goes, GCNII-16: GNNPipe's training step is "
+    "0.53x the single process's at 300k (medians, 10.3 against 18.8 s) and 0.57x (40.6 against 70.7 s) at 1M (two processes on "
+    "two cores: half the work each, and the pipeline's fill and drain of 1 / 9 of a step with K = 8), its pipelined "
+    "exact validation 1.28x at 300k (4.0 against 3.2 s) and 1.17x (14.3 against 12.3 s) at 1M, and it needs 1-2 more epochs (30 "
+    "against 28, 28 against 27, 29 against 27). GraphSAGE-8 at 300k: training 0.71x (7.3 against 10.3 s), "
+    "validation (graph-parallel, `evaluation=\"auto\"`) 1.09x (2.4 against 2.2 s); its training step sends the "
+    "halo rows' gradients to their owners (`halo_gradients=\"fresh\"`; without them, in the previous session, 7.0 "
+    "against 7.9 s). Evaluating GCNII-16 graph-parallel as well (`evaluation=\"graph_parallel\"`: its history "
+    "refresh then runs in that forward too, each rank sending its part's rows of every table to the table's stage, "
+    "`lightning_gnnpipe/strategy/graph_parallel_refresh.py`; the tables equal the pipelined refresh's) was no faster "
+    "at 1M in the previous session (15.0 s); `\"auto\"` keeps the pipelined forward for GCNII-16, whose "
+    "graph-parallel forward sends 2.8x the bytes. Running a layer once on all rows instead of chunk by chunk (the "
+    "chunks' CSR operators side by side) was tried in an earlier session and left out: GCNII-16's validation 5.95 "
+    "-> 5.65 s, GraphSAGE-8's unchanged, but the largest rank's peak USS grew by 0.3 GiB (whole-graph temporaries "
+    "instead of chunk-sized ones), 2 runs each.",
     "",
     "Measuring memory costs CPU: the benchmark's sampler in each process reads USS and PSS from the kernel's page "
     "tables (`psutil`'s `memory_full_info`, about 25 ms of a core for a 3-GiB process). It used to read them 5 times "
@@ -152,17 +164,16 @@ SINCE = [
     "fresh mappings above the threshold; glibc's dynamic threshold (`heap_mmap_threshold=None`) gave GraphSAGE-8's "
     "1M epoch -9% at the same peak USS (one run).",
     "",
-    "Against graph parallelism, on this page's latest host (2 epochs, the second, one run each; the link table below "
-    "reads these runs for GNNPipe and graph parallelism on the free link and for GCNII-16 at 163 Mbit/s, the older "
-    "host's records for the other rows and for the GPipe and hybrid columns): on the free link, in the session of "
-    "the first table, graph parallelism's epoch is 12.7 + 4.0 s with GCNII-16, 1.08x GNNPipe's defaults' 10.7 + "
-    "4.7 s, and 8.4 + 2.8 s with GraphSAGE-8, 1.07x GNNPipe's 7.9 + 2.5 s; at the 100 Gbit/s rate (163 Mbit/s), in "
-    "an earlier session, before the exact forward's change above, GNNPipe's GCNII-16 epoch took 17.5 + 9.2 s and "
-    "graph parallelism's 34.9 + 16.3 s, 1.91x, sending 2.96x GNNPipe's bytes (0.45 against 0.15 GiB a training "
-    "step; the halo rows' gradients cross no link). The other link rows were not measured again. On the free link "
-    "the graph-parallel evaluation was the "
-    "faster one for GCNII-16 in an earlier session (`GNNPipeStrategy(evaluation=\"graph_parallel\")`, one run: "
-    "validation 4.5-5.0 against 6.2 s pipelined), but `\"auto\"` keeps the pipelined one, which sends 0.35x its bytes.",
+    "Against graph parallelism, on this page's latest host (2 epochs, the second, one run each, this session; the "
+    "link table below reads these runs for GNNPipe and graph parallelism on the free link and for GCNII-16 at 163 "
+    "Mbit/s, the older host's records for the other rows and for the GPipe and hybrid columns): on the free link "
+    "graph parallelism's epoch is 13.0 + 4.0 s with GCNII-16, 1.26x GNNPipe's defaults' 9.8 + 3.8 s, and 7.6 + 2.5 "
+    "s with GraphSAGE-8, 1.05x GNNPipe's 7.3 + 2.4 s; at the 100 Gbit/s rate (163 Mbit/s) GNNPipe's GCNII-16 epoch "
+    "takes 17.8 + 8.4 s and graph parallelism's 35.2 + 15.3 s, 1.92x, sending 2.96x GNNPipe's bytes (0.45 against "
+    "0.15 GiB a training step; the halo rows' gradients cross no link). The other link rows were not measured again. "
+    "On the free link the graph-parallel evaluation was the faster one for GCNII-16 in an earlier session "
+    "(`GNNPipeStrategy(evaluation=\"graph_parallel\")`, one run: validation 4.5-5.0 against 6.2 s pipelined, before "
+    "the cheaper exact forward), but `\"auto\"` keeps the pipelined one, which sends 0.35x its bytes.",
 ]
 
 
@@ -261,8 +272,9 @@ FINDINGS = [
     "The planner (`estimate_layouts` with the rate as its bandwidth, `shared_link=True` since both ranks and both "
     "directions pass the one loopback, the calibration's 1-core seconds per layer) picks the faster training step "
     "at every rate but one: GCNII-16 on the free link, where it predicts 10.4 s for GNNPipe against 10.0 s for "
-    "graph parallelism and measures 7.5 s against 11.0 s (a K = 8 chunk runs faster than 1/8 of the whole-graph "
-    "layer time it is scaled from). It estimates the training step only: with GCNII-16 at 654 Mbit/s GNNPipe's "
+    "graph parallelism and measures 9.8 s against 13.0 s (this page's latest session; 7.5 s against 11.0 s on the "
+    "older host): a K = 8 chunk runs faster than 1/8 of the whole-graph layer time it is scaled from, and graph "
+    "parallelism's per-layer exchange costs time even on the free link. It estimates the training step only: with GCNII-16 at 654 Mbit/s GNNPipe's "
     "training step is the shorter one (13.2 s against 14.1 s) but its pipelined validation makes its epoch the "
     "longer one (20.6 s against 19.2 s).",
     "",
