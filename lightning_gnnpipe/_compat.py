@@ -46,6 +46,7 @@ __all__ = [
     "MultiProcessingLauncher",
     "SubprocessScriptLauncher",
     "default_process_group_backend",
+    "has_forward_pre_hooks",
     "init_dist_connection",
     "optimizers_to_device",
     "pipeline_stages",
@@ -66,7 +67,8 @@ def pipeline_stages(schedule: Any) -> List[Any]:
 
 STAGE_TRANSFERS = (("get_fwd_send_ops", "stage_activations"), ("get_fwd_recv_ops", "stage_activations"),
                    ("get_bwd_send_ops", "stage_gradients"), ("get_bwd_recv_ops", "stage_gradients"))
-"""The ``PipelineStage`` methods that build each stage-boundary transfer (``dist.P2POp`` lists), with what they carry."""
+"""The ``PipelineStage`` methods that build each stage-boundary transfer (``dist.P2POp`` lists), with what they
+carry."""
 
 STAGE_COMPUTE = (("forward_one_chunk", "fwd"), ("backward_one_chunk", "bwd"), ("backward_weight_one_chunk", "bwd"))
 """The ``PipelineStage`` methods that compute one chunk (the zero-bubble schedules' weight pass counts as backward)."""
@@ -106,3 +108,15 @@ class LauncherHook:
     def make_launcher(self) -> Any:
         """Return the launcher Lightning starts the processes with (``None``: run in this process)."""
         raise NotImplementedError
+
+
+def has_forward_pre_hooks(module: Any) -> bool:
+    """Whether a forward pre-hook may change what ``module`` (or any module in it) gets: one registered on one of its
+    modules (``Module.register_forward_pre_hook``) or for every module (``register_module_forward_pre_hook``).
+
+    torch 2.13 keeps them in ``Module._forward_pre_hooks`` and ``torch.nn.modules.module._global_forward_pre_hooks``;
+    no public accessor exists.
+    """
+    from torch.nn.modules import module as torch_module
+
+    return bool(torch_module._global_forward_pre_hooks) or any(m._forward_pre_hooks for m in module.modules())

@@ -85,6 +85,25 @@ def test_only_blocks_whose_convs_read_their_input_unchanged_qualify():
             pass
 
 
+def test_a_forward_pre_hook_keeps_the_gathered_rows(cora):
+    """A pre-hook may hand a conv another input than the block's (here a copy, at every conv), which only gathered
+    local rows can serve: the block then gathers and computes what the model computes."""
+    torch.manual_seed(0)
+    model = GraphSAGE(cora.num_features, 32, 3, 7).eval()
+    handle = model.convs[1].register_forward_pre_hook(lambda m, args: (args[0] * 1.0,) + tuple(args[1:]))
+    _, stages = make_stages(model, cora, num_chunks=4, num_stages=2, sparse=True)
+    assert [c.reads_in_place(torch.device("cpu")) for s in stages for c in s.runner.callers] == [True, False, True]
+    with torch.no_grad():
+        torch.testing.assert_close(_forward_full(stages, cora.x), model(cora.x, cora.edge_index), atol=1e-5,
+                                   rtol=1e-5)
+    handle.remove()
+    glob = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, args: None)
+    try:
+        assert not any(c.reads_in_place(torch.device("cpu")) for s in stages for c in s.runner.callers)
+    finally:
+        glob.remove()
+
+
 def test_the_positional_product_refuses_to_record_a_gradient():
     edge_index = torch.tensor([[1, 2], [0, 0]])
     op = build_adjacency(edge_index, 1, 3).operator()

@@ -20,7 +20,7 @@ that :class:`~lightning_gnnpipe.nn.NodeDropout` drops a halo row exactly as its 
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -235,6 +235,7 @@ class ChunkRunner:
         """
         order, position, local, bounds = self._chunk_order()
         renamed: dict = {}  # the chunks' operators with columns renamed to row positions, for this forward
+        positions: Dict[int, Tensor] = {}  # each chunk's local rows' positions, for this forward
         ordered_in, ordered_out = chunk_order
         h_in, h0_in = h, h0
         if not ordered_in:
@@ -253,7 +254,7 @@ class ChunkRunner:
                 for c, (a, b) in zip(self.chunks, bounds):
                     h0_c = None if h0 is None else h0[a:b]
                     if in_place:  # the block reads its local rows straight from h: no copy, no gather
-                        rows = PositionalRows(h, a, self._local_positions(c, a, b), b - a, renamed)
+                        rows = PositionalRows(h, a, self._local_positions(c, a, b, positions), b - a, renamed)
                         o = self.call(j, rows.inner, c, epoch, h0_c, rows)
                     else:
                         halo = local[c]
@@ -280,10 +281,13 @@ class ChunkRunner:
         order, position, _, _ = self._chunk_order()
         return order, position
 
-    def _local_positions(self, c: int, a: int, b: int) -> Tensor:
-        """Chunk ``c``'s local rows' positions in chunk order ``(n_c + h_c,)``: ``a .. b - 1``, then its halo's."""
-        halo = self._chunk_order()[2][c]
-        return torch.cat([torch.arange(a, b, device=halo.device, dtype=halo.dtype), halo])
+    def _local_positions(self, c: int, a: int, b: int, cache: Dict[int, Tensor]) -> Tensor:
+        """Chunk ``c``'s local rows' positions in chunk order ``(n_c + h_c,)``: ``a .. b - 1``, then its halo's (kept in
+        ``cache``, the forward's)."""
+        if c not in cache:
+            halo = self._chunk_order()[2][c]
+            cache[c] = torch.cat([torch.arange(a, b, device=halo.device, dtype=halo.dtype), halo])
+        return cache[c]
 
     def _chunk_order(self) -> Tuple[Tensor, Tensor, List[Tensor], List[Tuple[int, int]]]:
         """Node ids in chunk order ``(|V|,)``, each node's position in it ``(|V|,)``, per chunk the positions of its

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.nn import DeepGCNLayer
 
+from lightning_gnnpipe._compat import has_forward_pre_hooks
 from lightning_gnnpipe.data.adjacency import SparseAdjacency, _csr, csr_matmul
 from lightning_gnnpipe.nn.gcnii import GCNIILayer
 from lightning_gnnpipe.nn.stack import BasicGNNLayer
@@ -34,9 +35,12 @@ def reads_block_input(block: nn.Module) -> bool:
 
     True for a :class:`~lightning_gnnpipe.nn.stack.BasicGNNLayer` (the conv comes first), a
     :class:`~lightning_gnnpipe.nn.gcnii.GCNIILayer` whose dropout is off (evaluation mode or ``p = 0``) and a PyG
-    ``DeepGCNLayer`` other than ``block="res+"`` (which normalises and activates its input before the conv). Any other
-    block gives ``False``; raises nothing.
+    ``DeepGCNLayer`` other than ``block="res+"`` (which normalises and activates its input before the conv), none of
+    whose modules has a forward pre-hook (one may hand a conv another input). Any other block gives ``False``; raises
+    nothing.
     """
+    if has_forward_pre_hooks(block):
+        return False
     if type(block) is BasicGNNLayer:
         return True
     if type(block) is GCNIILayer:
@@ -89,7 +93,8 @@ class PositionalRows:
         hit = self._cache.get(id(adj_t))
         if hit is None or hit[0] is not adj_t:
             crow, col = adj_t.crow_indices(), adj_t.col_indices()
-            renamed = _csr(crow, self.positions.index_select(0, col.long()).to(col.dtype), adj_t.values(),
+            index = col.dtype if self.rows.size(0) < 2**31 else torch.int64  # a chunk's int32 may not hold a position
+            renamed = _csr(crow.to(index), self.positions.index_select(0, col.long()).to(index), adj_t.values(),
                            (adj_t.size(0), self.rows.size(0)))
             hit = self._cache[id(adj_t)] = (adj_t, renamed)
         return csr_matmul(hit[1], self.rows.to(op.dtype))
