@@ -676,7 +676,9 @@ def write_page(records: List[dict], path: Path, planner: Optional[Dict[tuple, di
     out = ["# Time to accuracy on learnable 300k- and 1M-node graphs, over an emulated cluster link", ""]
     out += [*SINCE, ""]
     out += answer(derived, summary + spread_summary, rates)
-    out += ["Targets, GNNPipe's defaults (and, last, its option for deep models):", "",
+    out += ["Targets, GNNPipe's defaults (and, last, its option for deep models; seconds from each mode's latest "
+            "quiet run: over all of the latest session's runs, the first table's medians, GCNII-16's time to 99% is "
+            "0.70x and 0.68x at 300k and 0.71x at 1M):", "",
             *targets(derived, summary + spread_summary, spread_derived), ""]
     spread_acc = accuracy_sentences(spread_derived)
     if spread_acc:
