@@ -88,7 +88,8 @@ SINCE = [
     "0.64x, 0.62x) | 1.8-1.9 GiB (3.3) |",
     "| 300k | ressage8 | `GNNPipeStrategy()` | 7.3 + 2.4 | 10.3 + 2.2 | 0.78x | 30, 30 (both seeds) | 0.78x "
     "| 1.6 GiB (2.8) |",
-    "| 1M | gcnii16 | `GNNPipeStrategy()` (3 runs) | 36.6-41.0 + 12.7-15.1 | 69.0-72.3 + 12.1-12.4 (2 runs) | 0.66x (medians; 0.58x-0.69x) | 29, 27 | 0.71x (medians; the latest pair 0.65x) "
+    "| 1M | gcnii16 | `GNNPipeStrategy()` (4 runs) | 36.6-41.0 + 12.7-15.1 | 68.6-72.3 + 11.7-12.4 (3 runs) "
+    "| 0.66x (medians; 0.58x-0.70x) | 29, 27 | 0.71x (medians; the latest pair 0.70x) "
     "| 3.86-4.00 GiB (10.26) |",
     "| 1M | ressage8 | `GNNPipeStrategy(refresh_every=0)` (earlier session) | 32.8 + 10.6 | 38.6 + 11.1 | 0.87x "
     "| 30, 30 | 0.87x | 3.56 GiB (8.63) |",
@@ -108,7 +109,10 @@ SINCE = [
     "live while the forward runs); and the stages hand their rows (and GCNII's `x0`) to each other in the plan's "
     "chunk order, not back in node order and out of it again at every boundary. GCNII-16, 2-epoch fits, the second "
     "epoch: at 300k, reading in place against gathering, alternating in one session, 4 fits each, validation 4.14-4.70 "
-    "s against 4.57-4.96 s; at 1M, validation 12.7-15.1 s (3 runs of the current code; 14.0 and 14.3 s in 2 runs that read in place but still reordered the rows at the stage boundary) against 15.4-16.3 s before both in the previous session, largest rank 3.86-4.02 GiB peak USS against 3.93-3.94 GiB. A refresh that copies the table block by block (cache-sized blocks: "
+    "s against 4.57-4.96 s; at 1M, validation 12.7-15.1 s (4 runs of the current code; 14.0 and 14.3 "
+    "s in 2 runs that read in place but still reordered the rows at the stage boundary) against 15.4-16.3 s before "
+    "both in the previous session, largest rank 3.86-4.02 GiB peak USS against 3.93-3.94 GiB. A refresh that "
+    "copies the table block by block (cache-sized blocks: "
     "the rows read once, the table read and written once) measured no faster in the fits (1M: 14.35 against 14.01 "
     "s; 300k: 4.30 and 4.45 against 4.31 and 4.08 s) and was left out. GraphSAGE-8 (residual `\"res+\"` blocks, "
     "which normalise their input before the conv) validates graph-parallel and gains nothing from these. Where the "
@@ -123,12 +127,14 @@ SINCE = [
     DEFAULT_HALO,
     "",
     "So in this session GNNPipe's defaults reach 99% of exact's best validation accuracy in 0.68x-0.70x the single "
-    "process's time at 300k with GCNII-16 (medians of 3 runs each; 0.62x-0.64x with the latest pair), 0.71x with GCNII-16 (medians; 0.65x with the latest pair) at "
+    "process's time at 300k with GCNII-16 (medians of 3 runs each; 0.62x-0.64x with the latest pair), 0.71x with "
+    "GCNII-16 (medians of 4 and 3 runs; 0.70x with the latest pair) at "
     "1M, and 0.78x with GraphSAGE-8 at 300k (0.87x at 1M in an earlier session): the 0.7x target is met, at best, "
     "at the line for GCNII-16 and missed for GraphSAGE-8. Where the time goes, GCNII-16: GNNPipe's training step is "
-    "0.53x the single process's at 300k (medians, 10.3 against 18.8 s) and 0.57x (40.6 against 70.7 s) at 1M (two processes on "
-    "two cores: half the work each, and the pipeline's fill and drain of 1 / 9 of a step with K = 8), its pipelined "
-    "exact validation 1.28x at 300k (4.0 against 3.2 s) and 1.17x (14.3 against 12.3 s) at 1M, and it needs 1-2 more epochs (30 "
+    "0.53x the single process's at 300k (medians, 10.3 against 18.8 s) and 0.58x (40.0 against 69.0 s) at 1M "
+    "(two processes on two cores: half the work each, and the pipeline's fill and drain of 1 / 9 of a step with "
+    "K = 8), its pipelined exact validation 1.28x at 300k (4.0 against 3.2 s) and 1.12x (13.6 against 12.1 s) at 1M, "
+    "and it needs 1-2 more epochs (30 "
     "against 28, 28 against 27, 29 against 27). GraphSAGE-8 at 300k: training 0.71x (7.3 against 10.3 s), "
     "validation (graph-parallel, `evaluation=\"auto\"`) 1.09x (2.4 against 2.2 s); its training step sends the "
     "halo rows' gradients to their owners (`halo_gradients=\"fresh\"`; without them, in the previous session, 7.0 "
