@@ -234,7 +234,7 @@ class ChunkRunner:
         put in chunk order once on entry and back in node order on exit, unless they come or leave so (``chunk_order``).
         """
         order, position, local, bounds = self._chunk_order()
-        renamed: dict = {}  # the chunks' operators with columns renamed to row positions, for this forward
+        renamed: Dict[int, Tuple[Tensor, Tensor]] = {}  # operators with columns renamed to positions, this forward
         positions: Dict[int, Tensor] = {}  # each chunk's local rows' positions, for this forward
         ordered_in, ordered_out = chunk_order
         h_in, h0_in = h, h0

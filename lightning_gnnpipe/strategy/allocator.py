@@ -35,7 +35,7 @@ import mmap
 import os
 import sys
 from contextlib import contextmanager
-from typing import Callable, Dict, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional
 
 from torch import Tensor
 
@@ -59,6 +59,22 @@ def check_heap_mmap_threshold(value: object, owner: str) -> Optional[int]:
     return value
 
 
+def _libc_function(name: str, argtypes: list, restype: Any) -> Optional[Callable[..., int]]:
+    """The C library's function ``name`` with its ctypes signature; ``None`` off Linux or where it lacks it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):  # musl and other C libraries without it
+        return None
+    function.argtypes, function.restype = argtypes, restype
+    return function
+
+
+def _mallopt() -> Optional[Callable[[int, int], int]]:
+    return _libc_function("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int)
+
+
 def set_heap_mmap_threshold(nbytes: int) -> Optional[str]:
     """Fix glibc's ``M_MMAP_THRESHOLD`` of this process to ``nbytes`` and its ``M_TRIM_THRESHOLD`` to ``2 * nbytes``
     (``mallopt``; no dynamic raise afterwards).
@@ -74,12 +90,9 @@ def set_heap_mmap_threshold(nbytes: int) -> Optional[str]:
     """
     if not sys.platform.startswith("linux"):
         return "glibc's mallopt exists on Linux only"
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and other C libraries without mallopt
+    mallopt = _mallopt()
+    if mallopt is None:
         return "this C library has no mallopt (it is not glibc)"
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     if not mallopt(M_MMAP_THRESHOLD, int(nbytes)):
         return f"glibc refused mallopt(M_MMAP_THRESHOLD, {int(nbytes)})"
     if not mallopt(M_TRIM_THRESHOLD, 2 * int(nbytes)):
@@ -108,14 +121,12 @@ def evaluation_heap() -> Iterator[None]:
 
     Source: glibc's ``mallopt(3)`` (``M_MMAP_THRESHOLD``, ``M_TRIM_THRESHOLD``) and ``malloc_trim(3)``.
     """
-    fixed = _fixed_threshold
-    if fixed is None or fixed >= EVALUATION_HEAP_THRESHOLD:
+    fixed, mallopt = _fixed_threshold, _mallopt()
+    if fixed is None or fixed >= EVALUATION_HEAP_THRESHOLD or mallopt is None:
         yield
         return
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    libc.mallopt(M_MMAP_THRESHOLD, EVALUATION_HEAP_THRESHOLD)
-    libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+    mallopt(M_MMAP_THRESHOLD, EVALUATION_HEAP_THRESHOLD)
+    mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
     try:
         yield
     finally:
@@ -265,13 +276,9 @@ def release_shared_pages(tensors: Iterable[Optional[Tensor]]) -> int:
     Returns:
         Bytes whose pages were released (whole pages inside each storage); 0 off Linux.
     """
-    if not sys.platform.startswith("linux"):
+    madvise = _libc_function("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int)
+    if madvise is None:
         return 0
-    try:
-        madvise = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").madvise
-    except (OSError, AttributeError):
-        return 0
-    madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
     page, released, seen = mmap.PAGESIZE, 0, set()
     for t in tensors:
         if t is None or t.device.type != "cpu" or not t.is_shared():
@@ -289,12 +296,8 @@ def release_shared_pages(tensors: Iterable[Optional[Tensor]]) -> int:
 
 def trim_heap() -> bool:
     """Return the free memory at the top of glibc's heaps to the OS (``malloc_trim(0)``); ``False`` without glibc."""
-    if not sys.platform.startswith("linux"):
+    trim = _libc_function("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
+    if trim is None:
         return False
-    try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return False
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     trim(0)
     return True
