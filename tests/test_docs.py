@@ -51,6 +51,8 @@ def run_script(tmp_path, name, code):
 def test_custom_model_example_trains(tmp_path):
     run = run_script(tmp_path, "custom_gnn.py", example("custom_models.md", "custom_gnn.py"))
     assert "balance='time'" in run.stdout + run.stderr
+    # its blocks drop out (F.dropout with their number `dropout`): "auto" detaches the halo rows' gradients
+    assert "halo_gradients='auto' -> 'detach' (block 0: Encoder(p=0.5))" in run.stdout + run.stderr
     acc = float(re.search(r"test accuracy: ([0-9.]+)", run.stdout).group(1))
     print(f"custom_gnn.py: test accuracy {acc:.4f}")
     assert acc > 0.6, run.stdout

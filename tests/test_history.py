@@ -381,3 +381,49 @@ def test_auto_halo_gradients_are_detached_where_a_block_drops_out(caplog):
             assert resolve_halo_gradients("auto", 1, "1f1b", 1, blocks, fitting=True) == "detach"
         assert "halo_gradients='auto' -> 'detach'" in caplog.text and where in caplog.text
         assert resolve_halo_gradients("fresh", 1, "1f1b", 1, blocks) == "fresh"  # a named value is kept
+
+
+class _FunctionalDropoutBlock(torch.nn.Module):
+    """A user's block that drops out with ``F.dropout`` in ``forward`` (as docs/custom_models.md's ``ResGCNBlock``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, edge_index):
+        # F.dropout( in a comment and "F.dropout(" in a string are not calls
+        return self.lin(torch.nn.functional.dropout(x, 0.5, self.training))
+
+
+class _InheritsFunctionalDropout(_FunctionalDropoutBlock):
+    pass
+
+
+class _NoDropoutBlock(torch.nn.Module):
+    """Mentions F.dropout(x) only in its docstring."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, edge_index):
+        return self.lin(x)  # not F.dropout(x)
+
+
+def test_auto_halo_gradients_see_a_functional_dropout_in_a_blocks_source():
+    """A block of the user's own that calls ``F.dropout`` in ``forward`` (no dropout module, no ``dropout`` number to
+    read) drops out too: ``"auto"`` detaches, naming the class (its base where the call is inherited); a call in a
+    comment or string is not one, and torch's, PyG's and this package's modules are read from their attributes."""
+    from torch import nn
+    from torch_geometric.nn import GATConv, GCNConv
+
+    from lightning_gnnpipe.nn.dropout import first_dropout
+    from lightning_gnnpipe.strategy.checks import resolve_halo_gradients
+
+    assert first_dropout([nn.Linear(4, 4), _FunctionalDropoutBlock()]) == \
+        "block 1: _FunctionalDropoutBlock calls F.dropout"
+    assert first_dropout([nn.Sequential(_InheritsFunctionalDropout())]) == \
+        "block 0 (0): _InheritsFunctionalDropout (its base _FunctionalDropoutBlock) calls F.dropout"
+    assert resolve_halo_gradients("auto", 1, "1f1b", 1, [_FunctionalDropoutBlock()]) == "detach"
+    plain = [_NoDropoutBlock(), GCNConv(4, 4), GATConv(4, 4, dropout=0.0)]  # GATConv's source calls F.dropout
+    assert first_dropout(plain) is None and resolve_halo_gradients("auto", 1, "1f1b", 1, plain) == "fresh"

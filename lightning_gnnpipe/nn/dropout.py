@@ -14,8 +14,14 @@ indexed by node. The 32-bit mixing function is the multiply-xorshift integer has
 
 from __future__ import annotations
 
+import inspect
+import io
+import re
+import textwrap
+import tokenize
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import lru_cache
 from typing import Iterator, Optional, Sequence, Tuple, Union
 
 import torch
@@ -178,10 +184,40 @@ DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropou
 """Modules that drop entries at training time (with ``p > 0``)."""
 
 
+_FUNCTIONAL_DROPOUT = re.compile(r"\b(?:F|functional|torch)\.(?:feature_alpha_|alpha_|feature_)?dropout(?:[123]d)?\s*\(")
+"""A call of a functional dropout in code: ``F.dropout(``, ``torch.nn.functional.dropout(``, ``torch.dropout(``,
+``F.alpha_dropout(``, ``F.dropout2d(``, ..."""
+_LIBRARIES = ("torch", "torch_geometric", "lightning_gnnpipe")
+"""Packages whose modules' dropout is read from their attributes (``p``, ``dropout``), not from their source."""
+
+
+@lru_cache(maxsize=None)
+def _calls_functional_dropout(cls: type) -> Optional[str]:
+    """``cls``'s name (and its base's, where a base's code calls it) if a class of its MRO outside :data:`_LIBRARIES` calls
+    a functional dropout in its code (comments and strings left out); ``None`` if none, or if no source can be read
+    (a class defined in ``exec``)."""
+    for klass in cls.__mro__:
+        if klass.__module__.split(".")[0] in _LIBRARIES or klass is object:
+            continue
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+            tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+            code = " ".join(t.string for t in tokens if t.type not in (tokenize.COMMENT, tokenize.STRING))
+        except (OSError, TypeError, tokenize.TokenError, IndentationError, SyntaxError):
+            continue
+        if _FUNCTIONAL_DROPOUT.search(code.replace(" . ", ".").replace(" (", "(")):
+            return cls.__name__ if klass is cls else f"{cls.__name__} (its base {klass.__name__})"
+    return None
+
+
 def first_dropout(blocks: Sequence[nn.Module]) -> Optional[str]:
     """Where the first dropout of ``blocks`` is (``"block 1 (drop): Dropout(p=0.5)"``): a module of :data:`DROPOUTS`
-    with ``p > 0``, or a module with a number ``dropout`` above 0 (PyG convs such as ``GATConv``); ``None`` if none.
-    A block that calls ``F.dropout`` with a number of its own in ``forward`` is not seen.
+    with ``p > 0``, a module with a number ``dropout`` above 0 (PyG convs such as ``GATConv``), or a module of a class
+    of the user's own (not torch's, PyG's or this package's) whose source calls a functional dropout (``F.dropout(``,
+    ``torch.dropout(``, ``F.alpha_dropout(``, ... outside comments and strings:
+    ``"block 1: ResBlock calls F.dropout"``); ``None`` if none. A call is taken for a dropout whatever its ``p`` and
+    ``training`` arguments (it cannot be read without running the block); a class whose source cannot be read
+    (defined in ``exec``) is not seen.
 
     Args:
         blocks: The model's layer blocks (:class:`~lightning_gnnpipe.nn.stack.LayerStack`'s).
@@ -189,7 +225,11 @@ def first_dropout(blocks: Sequence[nn.Module]) -> Optional[str]:
     Raises nothing."""
     for i, block in enumerate(blocks):
         for name, m in block.named_modules():
+            where = f"block {i}" + (f" ({name})" if name else "")
             p = getattr(m, "p", None) if isinstance(m, DROPOUTS) else getattr(m, "dropout", None)
             if isinstance(p, (int, float)) and not isinstance(p, bool) and p > 0:
-                return f"block {i}" + (f" ({name})" if name else "") + f": {type(m).__name__}(p={p})"
+                return f"{where}: {type(m).__name__}(p={p})"
+            caller = _calls_functional_dropout(type(m))
+            if caller is not None:
+                return f"{where}: {caller} calls F.dropout"
     return None
