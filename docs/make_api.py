@@ -10,7 +10,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import lightning_gnnpipe as lg  # noqa: E402
 from lightning_gnnpipe.comm.accounting import CommStats  # noqa: E402
 from lightning_gnnpipe.planner.cost import (estimate_layouts, layout_plan, measure_bandwidth,  # noqa: E402
-                                           measure_layer_seconds)
+                                           measure_chunk_seconds, measure_layer_seconds)
 from lightning_gnnpipe.planner.volume import graph_parallel_volume, hybrid_volume, pipeline_volume  # noqa: E402
 from lightning_gnnpipe.data.partition import nested_partition  # noqa: E402
 from lightning_gnnpipe.data.order import greedy_chunk_order, stale_read_stats  # noqa: E402
@@ -22,7 +22,7 @@ OBJECTS = [lg.GNNPipeStrategy, GraphParallelStrategy, lg.GraphChunkDataModule, l
            lg.metis_partition, greedy_chunk_order, stale_read_stats, lg.find_layer_stack, lg.History, GCNII,
            NodeDropout, node_rows, make_dropout,
            nested_partition, CommStats, pipeline_volume, graph_parallel_volume, hybrid_volume, estimate_layouts,
-           layout_plan, measure_layer_seconds, measure_bandwidth]
+           layout_plan, measure_chunk_seconds, measure_layer_seconds, measure_bandwidth]
 
 
 def render() -> str:

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from lightning_gnnpipe.data.chunk import build_chunk_plan
-from lightning_gnnpipe.planner.cost import LayoutEstimate, estimate_layouts, format_table, measure_layer_seconds, \
-    recommend
+from lightning_gnnpipe.planner.cost import LayoutEstimate, estimate_layouts, format_table, measure_chunk_seconds, \
+    measure_layer_seconds, recommend
 from tests.helpers import sbm_graph
 
 
@@ -129,6 +129,49 @@ def test_bad_arguments(graph):
         estimate_layouts(graph.edge_index, 400, [16, 8, 4], [0.1], 2, bandwidth=1e9)
     with pytest.raises(ValueError, match="bandwidth"):
         estimate_layouts(graph.edge_index, 400, [16, 8, 4], [0.1, 0.1], 2, bandwidth=0)
+
+
+def test_measured_chunk_seconds_replace_the_scaled_layer_time():
+    """``chunk_seconds`` gives each chunk's own layer times; by hand on the path, dims 3 -> 5 -> 2, 2 processes,
+    table[K] = seconds of layers (0, 1) on each chunk (stages [[0], [1]]):
+      GNNPipe K = 4: stage 0 = 0.1 + 0.2 + 0.3 + 0.4 = 1.0 s, stage 1 = 0.05 x 4 = 0.2 s; 1.0 s x (4 + 1)/4 = 1.25 s
+        (the scaled model would charge 0.3 x 14/8 x 5/4 with halo rows);
+      graph parallelism K = 2: chunk 0 0.7 + 0.1 = 0.8 s, chunk 1 0.2 + 0.1 = 0.3 s: the busier 0.8 s.
+    Hybrid on 4 processes, 2 stages x 2 partitions, K = 4 (partition 0 = chunks 0, 2; 1 = chunks 1, 3): stage 0 of
+      partition 0 = 0.1 + 0.3, of partition 1 = 0.2 + 0.4 = 0.6 s, the busiest; x (2 + 2 - 1)/2 = 0.9 s; graph
+      parallelism G = 4 on the same table: the busiest chunk, 0.4 + 0.05 = 0.45 s."""
+    table = {2: [[0.7, 0.1], [0.2, 0.1]], 4: [[0.1, 0.05], [0.2, 0.05], [0.3, 0.05], [0.4, 0.05]]}
+    seen = []
+
+    def chunk_seconds(plan):
+        seen.append(plan.num_chunks)
+        return table[plan.num_chunks]
+
+    est = estimate_layouts(PATH, 8, [3, 5, 2], None, 2, bandwidth=1e15, chunks_per_stage=(2,), plan_fn=path_plan,
+                           chunk_seconds=chunk_seconds, **PARAMS)
+    assert {e.mode: e.compute_seconds for e in est} == pytest.approx({"gnnpipe": 1.25, "graph_parallel": 0.8})
+    assert sorted(seen) == [2, 4]
+    hybrid = estimate_layouts(PATH, 8, [3, 5, 2], None, 4, bandwidth=1e15, chunks_per_stage=(1,), plan_fn=path_plan,
+                              chunk_seconds=chunk_seconds, **PARAMS)
+    assert {e.mode: e.compute_seconds for e in hybrid} == pytest.approx({"hybrid": 0.9, "graph_parallel": 0.45})
+    with pytest.raises(ValueError, match=r"one time per layer \(2\) for each of the plan's 4 chunks \(got \[2\]\)"):
+        estimate_layouts(PATH, 8, [3, 5, 2], None, 2, bandwidth=1e15, chunks_per_stage=(2,), plan_fn=path_plan,
+                         chunk_seconds=lambda plan: [[0.1, 0.1]])
+    with pytest.raises(ValueError, match="`layer_seconds`.*or `chunk_seconds`"):
+        estimate_layouts(PATH, 8, [3, 5, 2], None, 2, bandwidth=1e15)
+
+
+def test_measure_chunk_seconds_times_every_block_on_every_chunk(graph):
+    """Each block's time on each chunk of a real plan includes its sleep (one warm-up, one timed run), and no
+    gradient is left behind."""
+    blocks = [_Sleep(0.02), _Sleep(0.06)]
+    plan = build_chunk_plan(graph.edge_index, graph.num_nodes, 3)
+    table = measure_chunk_seconds(blocks, graph.x[:, :3].contiguous(), graph.edge_index)(plan)
+    assert len(table) == 3 and all(len(row) == 2 for row in table)
+    for row in table:
+        assert 0.02 <= row[0] < 0.02 + 0.1 and 0.06 <= row[1] < 0.06 + 0.1
+    assert len(blocks[0].seen) == 1 + 3 * 2  # one call reads the widths, then 3 chunks x (warm-up + timed run)
+    assert all(p.grad is None for b in blocks for p in b.parameters())
 
 
 class _Sleep(nn.Module):

@@ -2,7 +2,7 @@
 
     python -m benchmarks.time_to_accuracy.bench              # measure what the cache lacks, then write the page
     python -m benchmarks.time_to_accuracy.bench --page-only  # the page from the cache alone
-    python -m benchmarks.time_to_accuracy.bench --only accuracy|tuning|calibration|link|timing|large
+    python -m benchmarks.time_to_accuracy.bench --only accuracy|tuning|calibration|link|timing|large|spread|planner
 
 Every run is one worker process (:mod:`benchmarks.time_to_accuracy.worker`) watched for the machine's memory, its
 record appended to ``benchmarks/time_to_accuracy/runs.jsonl`` (``--force`` re-measures). Parts:
@@ -20,6 +20,8 @@ record appended to ``benchmarks/time_to_accuracy/runs.jsonl`` (``--force`` re-me
   with each ``evaluation`` and graph parallelism (2 epochs).
 * **tuning**: GNNPipe's epoch with K = 4 and 16 beside the default K = 8 (2 epochs, no validation).
 * **timing**: the exact single process's epoch measured with nothing else running (2 epochs with validation).
+* **planner**: every layer's forward+backward on every chunk of the plans the planner weighs, one core, for the
+  planner's predictions beside the link runs (:mod:`benchmarks.time_to_accuracy.planner`).
 * **accuracy** (free link, validation every epoch, :data:`EPOCHS` epochs): the exact single process, GNNPipe's
   default and graph parallelism with residual GraphSAGE-8 and GCNII-16, the MLP; a second seed of exact and GNNPipe
   with GraphSAGE-8. Its seconds per epoch are not used (they come from the quiet runs above), so it may share the
@@ -258,67 +260,28 @@ def run(parts: List[str], force: bool, timeout_s: float, cache: Path = CACHE,
                   f"{'' if rate is None else f' at {rate / 1e6:.0f} Mbit/s'}: {rec['status']}", flush=True)
 
 
-FREE_LINK_BYTES_PER_S = 2.7e9  # gloo over this machine's loopback (docs/results/performance.md, median)
-
-
-def planner_predictions(records: List[dict], graph: Optional[GraphSpec] = None) -> Dict[tuple, dict]:
-    """The package planner's training-epoch estimates (GNNPipe with its best K, graph parallelism; 2 processes) and
-    choice for the 300k graph (``graph``: another one of the same size) at every rate, given the rate as its bandwidth, ``shared_link=True`` (both ranks and
-    both directions pass the one loopback, shaped or not) and the calibration's seconds per layer (one core, as a rank
-    has here) spread evenly over the model's blocks."""
-    import functools
-
-    from benchmarks.time_to_accuracy.graph import community_graph
-    from benchmarks.time_to_accuracy.models import build_model
-    from lightning_gnnpipe import build_chunk_plan, find_layer_stack
-    from lightning_gnnpipe.nn.stack import infer_dims
-    from lightning_gnnpipe.planner.cost import estimate_layouts
-
-    data = community_graph(graph or GraphSpec(num_nodes=SMALL))
-    plan_fn = functools.lru_cache(maxsize=None)(lambda k: build_chunk_plan(data.edge_index, data.num_nodes, k))
-    rates = [None] + [r["rate_bits"] for r in derived_rates(records).values()]
-    out = {}
-    for rec in records:
-        s = rec["spec"]
-        if rec["status"] != "ok" or s["mode"] != "exact" or s.get("threads") != 1:
-            continue
-        model = build_model(s["model"], data.num_features, int(data.y.max()) + 1, 0)
-        blocks = find_layer_stack(model).blocks
-        dims = infer_dims(blocks, data.x[:2])
-        layer_s = [median([e["train_s"] for e in rec["epochs"][1:]]) / len(blocks)] * len(blocks)
-        params = [p for p in model.parameters() if p.requires_grad]
-        for rate in rates:
-            bandwidth = FREE_LINK_BYTES_PER_S if rate is None else rate / 8
-            est = estimate_layouts(data.edge_index, data.num_nodes, dims, layer_s, 2, bandwidth,
-                                   num_params=sum(p.numel() for p in params), num_param_tensors=len(params),
-                                   plan_fn=lambda ei, n, k: plan_fn(k), shared_link=True)
-            pipe = min((e for e in est if e.mode == "gnnpipe"), key=lambda e: e.seconds)
-            gp = next(e for e in est if e.mode == "graph_parallel")
-            out[(s["model"], rate)] = {"gnnpipe": pipe.seconds, "graph_parallel": gp.seconds, "chunks": pipe.chunks,
-                                       "choice": est[0].mode}
-        del model
-    return out
-
-
 def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", nargs="+", choices=["calibration", "tuning", "accuracy", "timing", "link", "large",
-                                                 "spread"])
+                                                 "spread", "planner"])
     p.add_argument("--page-only", action="store_true")
     p.add_argument("--force", action="store_true")
     p.add_argument("--modes", nargs="+", choices=["exact", "gnnpipe", "graph_parallel", "hybrid", "mlp"],
                    help="measure only these modes' runs")
     p.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per run")
     args = p.parse_args(argv)
-    if not args.page_only:
-        run(args.only or ["calibration", "link", "spread", "tuning", "timing", "large", "accuracy"], args.force,
-            args.timeout,
-            modes=args.modes)
+    parts = [] if args.page_only else args.only or ["calibration", "link", "spread", "tuning", "timing", "large",
+                                                    "accuracy", "planner"]
+    runs = [part for part in parts if part != "planner"]
+    if runs:
+        run(runs, args.force, args.timeout, modes=args.modes)
     from benchmarks.time_to_accuracy.page import write_page
+    from benchmarks.time_to_accuracy.planner import planner_predictions
 
     records = [r for r in load() if on_page_graph(r)]
-    write_page(records, PAGE, planner_predictions(records), [r for r in load() if not on_page_graph(r)],
-               planner_predictions(records, SPREAD))
+    measure = "planner" in parts  # the chunk times the cache lacks: about one 1-core epoch per plan
+    write_page(records, PAGE, planner_predictions(records, GraphSpec(num_nodes=SMALL), measure),
+               [r for r in load() if not on_page_graph(r)], planner_predictions(records, SPREAD, measure))
     print(f"wrote {PAGE}")
 
 

@@ -90,16 +90,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@torch.enable_grad()
 def profile_layer_costs(
     blocks: List[nn.Module], plan: ChunkPlan, edge_index: Tensor, x: Tensor, chunk: int = 0, repeats: int = 5
 ) -> List[float]:
-    """Measure each block's forward+backward time on one chunk, as a stage would run it.
-
-    A block that passes messages runs on the chunk's inner and halo rows, a node-wise block on
-    the inner rows; layer 0 gets the real features, later layers random rows of their width
-    (only shapes matter for time). No gradient is accumulated, and the blocks' buffers (e.g.
-    BatchNorm running statistics) and the RNG state are restored afterwards.
+    """Measure each block's forward+backward time on one chunk, as a stage would run it
+    (:func:`profile_chunk_costs` of that chunk).
 
     Args:
         blocks: The model's ``L`` layer blocks.
@@ -112,23 +107,50 @@ def profile_layer_costs(
     Returns:
         ``L`` times in seconds.
     """
+    return profile_chunk_costs(blocks, plan, edge_index, x, chunks=[chunk], repeats=repeats)[0]
+
+
+@torch.enable_grad()
+def profile_chunk_costs(blocks: List[nn.Module], plan: ChunkPlan, edge_index: Tensor, x: Tensor,
+                        chunks: Optional[Sequence[int]] = None, repeats: int = 1) -> List[List[float]]:
+    """Measure each block's forward+backward time on each chunk, as a stage would run it.
+
+    A block that passes messages runs on the chunk's inner and halo rows, a node-wise block on
+    the inner rows; layer 0 gets the real features, later layers random rows of their width
+    (only shapes matter for time). No gradient is accumulated, and the blocks' buffers (e.g.
+    BatchNorm running statistics) and the RNG state are restored afterwards.
+
+    Args:
+        blocks: The model's ``L`` layer blocks.
+        plan: The chunk plan.
+        edge_index: Edges of the whole graph ``(2, |E|)``.
+        x: Node features ``(|V|, F)``, on the device to measure on.
+        chunks: Which chunks to run (default: all ``K``).
+        repeats: Timed runs per chunk and block after one warm-up round; the fastest is kept.
+
+    Returns:
+        For each chunk of ``chunks``, ``L`` times in seconds.
+    """
     device = x.device
     graph = build_chunk_graph(plan, edge_index, norm_keys(blocks), device, dtype=x.dtype, **chunk_graph_options(blocks))
     dims = infer_dims(blocks, x[:2])
     saved = [(t, t.detach().clone()) for b in blocks for t in b.buffers()]
-    times: List[List[float]] = [[] for _ in blocks]
+    out: List[List[float]] = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        # Round-robin over the blocks, keeping each block's fastest run: a burst of load from
-        # elsewhere then slows one run of every block instead of every run of one block.
-        for r in range(repeats + 1):
-            for j, block in enumerate(blocks):
-                seconds = _time_block(block, j, graph, chunk, dims[j], x, dims[min(1, len(dims) - 1)])
-                if r > 0:
-                    times[j].append(seconds)
+        for chunk in range(plan.num_chunks) if chunks is None else chunks:
+            times: List[List[float]] = [[] for _ in blocks]
+            # Round-robin over the blocks, keeping each block's fastest run: a burst of load from
+            # elsewhere then slows one run of every block instead of every run of one block.
+            for r in range(repeats + 1):
+                for j, block in enumerate(blocks):
+                    seconds = _time_block(block, j, graph, chunk, dims[j], x, dims[min(1, len(dims) - 1)])
+                    if r > 0:
+                        times[j].append(seconds)
+            out.append([min(t) for t in times])
     with torch.no_grad():
         for t, value in saved:
             t.copy_(value)
-    return [min(t) for t in times]
+    return out
 
 
 def _time_block(block: nn.Module, j: int, graph: ChunkGraph, chunk: int, in_channels: int, x: Tensor,

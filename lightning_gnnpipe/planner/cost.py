@@ -2,9 +2,13 @@
 
 A cost model, not a measurement: per-epoch time = compute + communication, where
 
-* compute comes from measured full-graph forward+backward seconds per layer on one process
+* compute comes from forward+backward seconds per layer measured on one process: on every chunk of the layout's plan,
+  as its ranks run them (``chunk_seconds``, :func:`measure_chunk_seconds`), or on the full graph
   (:func:`measure_layer_seconds`), scaled by the rows whose outputs a rank computes (inner rows on the CSR path;
-  inner plus halo rows on the edge-list path, ``halo_rows_computed``);
+  inner plus halo rows on the edge-list path, ``halo_rows_computed``). A chunk's time need not be its share of the
+  whole graph's: on one CPU core the 16 METIS chunks of a 300k-node graph ran GCNII-16 in 0.70x the time of its 2
+  partitions (docs/results/time_to_accuracy.md; their rows stay in cache), and a GPU runs small chunks below its
+  throughput;
 * GNNPipe (``S`` stages, ``K`` chunks) runs its slowest stage ``(K + S - 1) / K`` times (GPipe's
   fill and drain bubble, Huang et al., arXiv 1811.06965);
 * communication is the analytic byte count of :mod:`lightning_gnnpipe.planner.volume` divided by a
@@ -12,7 +16,7 @@ A cost model, not a measurement: per-epoch time = compute + communication, where
   parallel (or, with ``shared_link``, all of it over one link), with no overlap of communication and compute (a
   conservative bound);
 * hybrid (``S`` stages x ``G`` partitions, ``S G = P``) runs each pipeline on its partition's
-  ``K / G`` chunks, so its compute is the busiest partition's rows through the slowest stage with
+  ``K / G`` chunks, so its compute is the busiest partition's chunks through its slowest stage with
   ``(K/G + S - 1) / (K/G)`` for the bubble.
 """
 
@@ -29,7 +33,11 @@ from torch import Tensor, nn
 from lightning_gnnpipe.planner.volume import graph_parallel_volume, hybrid_volume, pipeline_volume
 from lightning_gnnpipe.data.chunk import ChunkPlan, build_chunk_plan
 from lightning_gnnpipe.data.partition import nested_partition
+from lightning_gnnpipe.pipeline.balance import profile_chunk_costs
 from lightning_gnnpipe.pipeline.split import split_layers
+
+ChunkSeconds = Callable[[ChunkPlan], Sequence[Sequence[float]]]
+"""Forward+backward seconds of every layer on every chunk of a plan: ``(K, L)``, chunk by chunk."""
 
 
 @dataclass
@@ -84,7 +92,7 @@ def estimate_layouts(
     edge_index: Tensor,
     num_nodes: int,
     dims: Sequence[int],
-    layer_seconds: Sequence[float],
+    layer_seconds: Optional[Sequence[float]],
     num_processes: int,
     bandwidth: float,
     chunks_per_stage: Sequence[int] = (2, 4, 8),
@@ -93,6 +101,7 @@ def estimate_layouts(
     plan_fn: Callable[..., ChunkPlan] = layout_plan,
     shared_link: bool = False,
     halo_rows_computed: bool = False,
+    chunk_seconds: Optional[ChunkSeconds] = None,
 ) -> List[LayoutEstimate]:
     """Estimate GNNPipe (``S = P``), graph parallelism (``G = P``) and hybrid (``S G = P``) on ``P`` processes.
 
@@ -100,7 +109,8 @@ def estimate_layouts(
         edge_index: Edges ``(2, |E|)``.
         num_nodes: ``|V|``.
         dims: Width entering each layer and leaving the last, ``L + 1`` ints.
-        layer_seconds: Full-graph forward+backward time of each layer on one process (seconds).
+        layer_seconds: Full-graph forward+backward time of each layer on one process (seconds), scaled to each chunk
+            by its rows; ``None`` with ``chunk_seconds``.
         num_processes: ``P``.
         bandwidth: Point-to-point bandwidth (bytes per second).
         chunks_per_stage: GNNPipe candidates ``K = k * S`` (hybrid: ``K = k * S * G``).
@@ -117,17 +127,25 @@ def estimate_layouts(
             ``(n_c + h_c) / |V|`` of a full-graph layer: the edge-list path (GAT, PNA, any block under
             ``bf16-mixed``). Default ``False``: the CSR path (GCN, GraphSAGE, GIN, GraphConv, GCNII convs,
             :mod:`~lightning_gnnpipe.nn.chunk_call`) computes only the inner rows, so a chunk costs ``n_c / |V|``.
+        chunk_seconds: Measured seconds of every layer on every chunk of a plan (``(K, L)``,
+            :func:`measure_chunk_seconds`), called once per candidate plan; when given, a stage's compute is the sum
+            of its layers over the chunks it runs (a partition's for graph parallelism and hybrid) instead of
+            ``layer_seconds`` scaled by rows, and ``halo_rows_computed`` is not used.
 
     Returns:
         Estimates sorted by estimated epoch time, fastest first.
 
     Raises:
-        ValueError: If ``len(layer_seconds) != len(dims) - 1`` or ``bandwidth <= 0``.
+        ValueError: If ``len(layer_seconds) != len(dims) - 1``, neither ``layer_seconds`` nor ``chunk_seconds`` is
+            given, ``chunk_seconds`` returns other than ``(K, L)`` for a plan of ``K`` chunks, or ``bandwidth <= 0``.
         TypeError: If hybrid layouts are estimated (``P`` has a divisor ``G`` in ``[2, P)`` with ``P / G <= L``) and
             ``plan_fn`` takes no ``num_parts``.
     """
     num_layers = len(dims) - 1
-    if len(layer_seconds) != num_layers:
+    if layer_seconds is None and chunk_seconds is None:
+        raise ValueError("estimate_layouts: give `layer_seconds` (full-graph seconds per layer) or `chunk_seconds` "
+                         "(seconds per chunk and layer of a plan) (got neither).")
+    if layer_seconds is not None and len(layer_seconds) != num_layers:
         raise ValueError(f"estimate_layouts: need one time per layer, {num_layers} (got {len(layer_seconds)}).")
     if bandwidth <= 0:
         raise ValueError(f"estimate_layouts: `bandwidth` must be > 0 bytes/s (got {bandwidth}).")
@@ -142,14 +160,15 @@ def estimate_layouts(
         stages = split_layers(num_layers, p)
         for k in chunks_per_stage:
             plan = plan_fn(edge_index, num_nodes, k * p)
-            ratio = sum(_work_ratio(plan, halo_rows_computed))  # rows computed per layer over |V|
-            slowest = max(sum(layer_seconds[i] for i in s) for s in stages) * ratio
+            costs = _chunk_stage_seconds(plan, stages, layer_seconds, chunk_seconds, halo_rows_computed)
+            slowest = max(sum(column) for column in zip(*costs))  # the stage that takes longest over all chunks
             compute = slowest * (plan.num_chunks + p - 1) / plan.num_chunks
             volume = sum(pipeline_volume(plan, list(dims), p).values())
             out.append(LayoutEstimate("gnnpipe", p, 1, plan.num_chunks, volume, compute,
                                       _link_seconds(volume, max(p - 1, 1), bandwidth, shared_link) if p > 1 else 0.0))
     plan = plan_fn(edge_index, num_nodes, p)
-    compute = sum(layer_seconds) * max(_work_ratio(plan, halo_rows_computed))
+    compute = max(row[0] for row in _chunk_stage_seconds(plan, [list(range(num_layers))], layer_seconds,
+                                                         chunk_seconds, halo_rows_computed))
     graph_layers = [True] * num_layers
     volume = sum(graph_parallel_volume(plan, list(dims), graph_layers, num_params, num_param_tensors).values())
     out.append(LayoutEstimate("graph_parallel", 1, p, p, volume, compute,
@@ -157,28 +176,45 @@ def estimate_layouts(
     for g in hybrid:
         out += _hybrid_estimates(edge_index, num_nodes, list(dims), layer_seconds, p // g, g, bandwidth,
                                  chunks_per_stage, num_params + num_param_tensors, plan_fn, shared_link,
-                                 halo_rows_computed)
+                                 halo_rows_computed, chunk_seconds)
     return sorted(out, key=lambda e: e.seconds)
 
 
-def _hybrid_estimates(edge_index: Tensor, num_nodes: int, dims: List[int], layer_seconds: Sequence[float],
+def _hybrid_estimates(edge_index: Tensor, num_nodes: int, dims: List[int], layer_seconds: Optional[Sequence[float]],
                       s: int, g: int, bandwidth: float, chunks_per_stage: Sequence[int],
                       flat_params: int, plan_fn: Callable[..., ChunkPlan],
-                      shared_link: bool = False, halo_rows_computed: bool = True) -> List[LayoutEstimate]:
+                      shared_link: bool = False, halo_rows_computed: bool = True,
+                      chunk_seconds: Optional[ChunkSeconds] = None) -> List[LayoutEstimate]:
     stages = split_layers(len(dims) - 1, s)
-    slowest_stage = max(sum(layer_seconds[i] for i in st) for st in stages)
     out = []
     for k in chunks_per_stage:
         chunks = k * s * g
         plan = plan_fn(edge_index, num_nodes, chunks, num_parts=g)
-        ratios = _work_ratio(plan, halo_rows_computed)
-        busiest = max(sum(ratios[c] for c in range(q, chunks, g)) for q in range(g))
+        costs = _chunk_stage_seconds(plan, stages, layer_seconds, chunk_seconds, halo_rows_computed)
+        # the busiest pipeline's slowest stage, over its partition's chunks (chunk c in partition c % G)
+        busiest = max(sum(costs[c][st] for c in range(q, chunks, g)) for q in range(g) for st in range(s))
         micro = chunks // g
-        compute = slowest_stage * busiest * (micro + s - 1) / micro
+        compute = busiest * (micro + s - 1) / micro
         volume = sum(hybrid_volume(plan, dims, s, g, [True] * (len(dims) - 1), [flat_params // s] * s).values())
         out.append(LayoutEstimate("hybrid", s, g, chunks, volume, compute,
                                   _link_seconds(volume, s * g, bandwidth, shared_link)))
     return out
+
+
+def _chunk_stage_seconds(plan: ChunkPlan, stages: Sequence[Sequence[int]], layer_seconds: Optional[Sequence[float]],
+                         chunk_seconds: Optional[ChunkSeconds], halo_rows_computed: bool) -> List[List[float]]:
+    """Seconds of each stage's layers on each chunk of ``plan``, ``(K, S)``: measured (``chunk_seconds``), else the
+    full-graph ``layer_seconds`` times the chunk's share of the rows (:func:`_work_ratio`)."""
+    num_layers = sum(len(st) for st in stages)
+    if chunk_seconds is None:
+        assert layer_seconds is not None
+        rows = [[layer_seconds[i] * r for i in range(num_layers)] for r in _work_ratio(plan, halo_rows_computed)]
+    else:
+        rows = [[float(t) for t in row] for row in chunk_seconds(plan)]
+        if len(rows) != plan.num_chunks or any(len(row) != num_layers for row in rows):
+            raise ValueError(f"estimate_layouts: `chunk_seconds` must give one time per layer ({num_layers}) for each "
+                             f"of the plan's {plan.num_chunks} chunks (got {[len(row) for row in rows]}).")
+    return [[sum(row[i] for i in st) for st in stages] for row in rows]
 
 
 def _link_seconds(volume: float, senders: int, bandwidth: float, shared_link: bool) -> float:
@@ -273,6 +309,24 @@ def measure_layer_seconds(blocks: Sequence[nn.Module], x: Tensor, edge_index: Te
             h = block(h, edge_index)
         out.append(float(best))
     return out
+
+
+def measure_chunk_seconds(blocks: Sequence[nn.Module], x: Tensor, edge_index: Tensor,
+                          repeats: int = 1) -> ChunkSeconds:
+    """Return ``chunk_seconds`` for :func:`estimate_layouts`: for a plan, each block's forward+backward seconds on
+    each of its chunks, run as a stage runs it (inner and halo rows, the chunk's own adjacency; best of ``repeats``
+    after one warm-up, :func:`~lightning_gnnpipe.pipeline.balance.profile_chunk_costs`), ``(K, L)``.
+
+    On one process and its threads: set ``torch.set_num_threads`` to what a rank will have. A plan costs about one
+    training epoch per ``repeats + 1``.
+
+    Args:
+        blocks: The model's ``L`` layer blocks.
+        x: Node features ``(|V|, F)``, on the device to measure on.
+        edge_index: Edges of the whole graph ``(2, |E|)``.
+        repeats: Timed runs per chunk and block.
+    """
+    return lambda plan: profile_chunk_costs(list(blocks), plan, edge_index, x, repeats=repeats)
 
 
 def format_table(estimates: List[LayoutEstimate]) -> str:
