@@ -276,12 +276,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     if runs:
         run(runs, args.force, args.timeout, modes=args.modes)
     from benchmarks.time_to_accuracy.page import write_page
-    from benchmarks.time_to_accuracy.planner import planner_predictions
+    from benchmarks.time_to_accuracy.planner import planner_paragraph, planner_predictions
 
     records = [r for r in load() if on_page_graph(r)]
     measure = "planner" in parts  # the chunk times the cache lacks: about one 1-core epoch per plan
-    write_page(records, PAGE, planner_predictions(records, GraphSpec(num_nodes=SMALL), measure),
-               [r for r in load() if not on_page_graph(r)], planner_predictions(records, SPREAD, measure))
+    graph = GraphSpec(num_nodes=SMALL)
+    planner = planner_predictions(records, graph, measure)
+    write_page(records, PAGE, planner, [r for r in load() if not on_page_graph(r)],
+               planner_predictions(records, SPREAD, measure), planner_paragraph(records, planner, graph))
     print(f"wrote {PAGE}")
 
 

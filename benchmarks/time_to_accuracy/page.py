@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 GIB = 2**30
 MODES = ("exact", "gnnpipe", "gnnpipe_refresh_every0", "gnnpipe_halo_gradients", "gnnpipe_refresh_every1", "gnnpipe_refresh_every2",
@@ -78,7 +78,8 @@ SINCE = [
     "process's 300k GCNII-16 epoch took 21.4 + 3.5 s in the previous session and 18.1-19.3 + 3.1-3.2 s in this one "
     "(3 runs), its GraphSAGE-8 epoch 11.8 + 2.5 s against 10.3 + 2.2 s, while GNNPipe's changed less, so every ratio "
     "pairs runs of one session (in the previous one GNNPipe's defaults reached 99% in 0.66x, 0.64x, 0.73x and, at "
-    "1M, 0.74x the single process's time).",
+    "1M, 0.74x the single process's time). The latest session (the rows so marked, one run each, the link table's "
+    "runs) measured the 300k rows once more.",
     "",
     "| nodes | model | mode | GNNPipe train + val s / epoch | exact, one process | epoch ÷ exact "
     "| epochs to 99% (GNNPipe, exact) | s to 99% ÷ exact (≤ 0.7x) | peak USS, largest rank (exact) |",
@@ -88,6 +89,10 @@ SINCE = [
     "0.64x, 0.62x) | 1.8-1.9 GiB (3.3) |",
     "| 300k | ressage8 | `GNNPipeStrategy()` | 7.3 + 2.4 | 10.3 + 2.2 | 0.78x | 30, 30 (both seeds) | 0.78x "
     "| 1.6 GiB (2.8) |",
+    "| 300k | gcnii16 | `GNNPipeStrategy()`, latest session | 9.6 + 4.4 | 20.3 + 3.4 | 0.59x | 30, 28 (seed 0); 28, 27 "
+    "(seed 1) | 0.63x, 0.61x | 1.9 GiB (3.3) |",
+    "| 300k | ressage8 | `GNNPipeStrategy()`, latest session | 7.6 + 2.4 | 10.5 + 2.2 | 0.79x | 30, 30 (both seeds) "
+    "| 0.79x | 1.6 GiB (2.8) |",
     "| 1M | gcnii16 | `GNNPipeStrategy()` (4 runs) | 36.6-41.0 + 12.7-15.1 | 68.6-72.3 + 11.7-12.4 (3 runs) "
     "| 0.66x (medians; 0.58x-0.70x) | 29, 27 | 0.71x (medians; the latest pair 0.70x) "
     "| 3.86-4.00 GiB (10.26) |",
@@ -126,16 +131,18 @@ SINCE = [
     "",
     DEFAULT_HALO,
     "",
-    "So in this session GNNPipe's defaults reach 99% of exact's best validation accuracy in 0.68x-0.70x the single "
-    "process's time at 300k with GCNII-16 (medians of 3 runs each; 0.62x-0.64x with the latest pair), 0.71x with "
-    "GCNII-16 (medians of 4 and 3 runs; 0.70x with the latest pair) at "
-    "1M, and 0.78x with GraphSAGE-8 at 300k (0.87x at 1M in an earlier session): the 0.7x target is met, at best, "
+    "So GNNPipe's defaults reach 99% of exact's best validation accuracy in 0.68x-0.70x the single "
+    "process's time at 300k with GCNII-16 (medians of 3 runs each in one session; 0.61x-0.64x with the latest pairs), "
+    "0.71x with GCNII-16 (medians of 4 and 3 runs; 0.70x with the latest pair) at "
+    "1M, and 0.78x-0.79x with GraphSAGE-8 at 300k (0.87x at 1M in an earlier session): the 0.7x target is met, at "
+    "best, "
     "at the line for GCNII-16 and missed for GraphSAGE-8. Where the time goes, GCNII-16: GNNPipe's training step is "
     "0.53x the single process's at 300k (medians, 10.3 against 18.8 s) and 0.58x (40.0 against 69.0 s) at 1M "
     "(two processes on two cores: half the work each, and the pipeline's fill and drain of 1 / 9 of a step with "
     "K = 8), its pipelined exact validation 1.28x at 300k (4.0 against 3.2 s) and 1.12x (13.6 against 12.1 s) at 1M, "
     "and it needs 1-2 more epochs (30 "
-    "against 28, 28 against 27, 29 against 27). GraphSAGE-8 at 300k: training 0.71x (7.3 against 10.3 s), "
+    "against 28, 28 against 27, 29 against 27). GraphSAGE-8 at 300k: training 0.71x (7.3 against 10.3 s; 7.6 "
+    "against 10.5 s in the latest session), "
     "validation (graph-parallel, `evaluation=\"auto\"`) 1.09x (2.4 against 2.2 s); its training step sends the "
     "halo rows' gradients to their owners (`halo_gradients=\"fresh\"`; without them, in the previous session, 7.0 "
     "against 7.9 s). Evaluating GCNII-16 graph-parallel as well (`evaluation=\"graph_parallel\"`: its history "
@@ -170,13 +177,18 @@ SINCE = [
     "fresh mappings above the threshold; glibc's dynamic threshold (`heap_mmap_threshold=None`) gave GraphSAGE-8's "
     "1M epoch -9% at the same peak USS (one run).",
     "",
-    "Against graph parallelism, on this page's latest host (2 epochs, the second, one run each, this session; the "
-    "link table below reads these runs for GNNPipe and graph parallelism on the free link and for GCNII-16 at 163 "
-    "Mbit/s, the older host's records for the other rows and for the GPipe and hybrid columns): on the free link "
-    "graph parallelism's epoch is 13.0 + 4.0 s with GCNII-16, 1.26x GNNPipe's defaults' 9.8 + 3.8 s, and 7.6 + 2.5 "
-    "s with GraphSAGE-8, 1.05x GNNPipe's 7.3 + 2.4 s; at the 100 Gbit/s rate (163 Mbit/s) GNNPipe's GCNII-16 epoch "
-    "takes 17.8 + 8.4 s and graph parallelism's 35.2 + 15.3 s, 1.92x, sending 2.96x GNNPipe's bytes (0.45 against "
-    "0.15 GiB a training step; the halo rows' gradients cross no link). The other link rows were not measured again. "
+    "Against graph parallelism, in the latest session (2 epochs, the second, one run each, alone on the machine; "
+    "the link table below reads these runs at every rate but 16 Mbit/s, whose runs, about 25 minutes a pair, are the "
+    "older host's): on the free link graph parallelism's epoch is 11.8 + 3.6 s with GCNII-16, 1.11x GNNPipe's "
+    "defaults' 9.6 + 4.4 s (1.26x in the previous session: 13.0 + 4.0 against 9.8 + 3.8 s), and 7.7 + 2.5 s with "
+    "GraphSAGE-8, 1.02x GNNPipe's 7.6 + 2.4 s; at the 100 Gbit/s rate (163 Mbit/s) GNNPipe's GCNII-16 epoch takes "
+    "17.4 + 8.1 s and graph parallelism's 34.2 + 15.2 s, 1.94x, sending 2.96x GNNPipe's bytes (0.45 against 0.15 GiB "
+    "a training step; the halo rows' gradients cross no link), and with GraphSAGE-8 14.8 + 8.5 against 19.3 + 8.5 s, "
+    "1.19x; at the 400 Gbit/s rate (654 Mbit/s) 11.2 + 4.7 against 16.2 + 6.1 s, 1.40x (0.93x in the older host's "
+    "records, before the exact forward read rows in place). GPipe (`schedule=\"gpipe\"`): 10.8 + 3.4 s on the free "
+    "link, 18.2 + 7.2 s at 163 Mbit/s, at 3.2-3.3 GiB on the largest rank against 1F1B's 1.9 GiB; the hybrid 2 x 2 "
+    "(4 processes on the 2 cores): 11.8 + 9.2 s, 41.6 + 32.2 s and 16.3 + 14.0 s on the free link and at 163 and 654 "
+    "Mbit/s, sending 0.71 GiB a training step. "
     "On the free link the graph-parallel evaluation was the faster one for GCNII-16 in an earlier session "
     "(`GNNPipeStrategy(evaluation=\"graph_parallel\")`, one run: validation 4.5-5.0 against 6.2 s pipelined, before "
     "the cheaper exact forward), but `\"auto\"` keeps the pipelined one, which sends 0.35x its bytes.",
@@ -226,7 +238,7 @@ SETUP = [
 FINDINGS = [
     "What the link adds to an epoch is, within the noise of one run, the seconds its bytes need at R: neither mode "
     "hides its transfers behind compute here: not GNNPipe's default 1F1B, not GPipe, which sends every chunk's "
-    "activations before the first backward (GCNII-16, 163 Mbit/s: 34.3 s against 1F1B's 29.1 s), and not graph "
+    "activations before the first backward (GCNII-16, 163 Mbit/s: 25.4 s against 1F1B's 25.5 s), and not graph "
     "parallelism, whose halo exchange precedes every layer's compute. So the per-epoch ratio follows the bytes ratio. "
     "GNNPipe's traffic, `2 (S-1) |V| d`, does not depend on the cut; graph parallelism's, `2 L H d`, does, and a "
     "2-way METIS cut of a community graph leaves few halo nodes: on this graph graph parallelism sends 1.5x GNNPipe's "
@@ -274,22 +286,6 @@ FINDINGS = [
     "target on GCNII-16; `refresh_every=1, halo_gradients=\"fresh\"`, the defaults since `halo_gradients=\"auto\"`, "
     "meets it on both seeds. With residual "
     "GraphSAGE-8 GNNPipe's defaults track exact training epoch by epoch.",
-    "",
-    "The planner (`estimate_layouts` with the rate as its bandwidth, `shared_link=True` since both ranks and both "
-    "directions pass the one loopback, and `chunk_seconds`: every layer's forward+backward on every chunk of each "
-    "plan it weighs, timed on one core by `measure_chunk_seconds`, `python -m benchmarks.time_to_accuracy.bench "
-    "--only planner`, kept in `benchmarks/time_to_accuracy/chunk_seconds.jsonl`) picks the faster training step, or "
-    "one within 10% of it, at every rate on both graphs. Its seconds are below the measured ones (GCNII-16 on the free "
-    "link: 6.2 s for GNNPipe against 9.8 s, 8.4 s for graph parallelism against 13.0 s): it times each chunk alone, "
-    "while in a fit both ranks compute at once on the machine's one memory, a stage waits for the other (GNNPipe's "
-    "ranks: 0.56 and 0.86 s of bubble, 0.89 and 0.08 s waiting for rows) and graph parallelism's ranks wait for halo "
-    "rows (0.57 and 0.68 s). The chunks matter: on one core GCNII-16's 16 chunks take 0.70x the time of its 2 "
-    "partitions (11.4 against 16.4 s, all layers) and GraphSAGE-8's 8 chunks 0.81x (9.3 against 11.5 s), as a "
-    "chunk's rows stay in cache; the whole graph's seconds per layer (the calibration's) scaled by a chunk's rows "
-    "(`layer_seconds`) give 10.4 s for GNNPipe against 10.0 s for graph parallelism on the free link, and graph "
-    "parallelism would be picked. It estimates the training step only: with GCNII-16 at 654 Mbit/s GNNPipe's "
-    "training step is the shorter one (13.2 s against 14.1 s) but its pipelined validation makes its epoch the "
-    "longer one (20.6 s against 19.2 s).",
     "",
     "Validation: with `evaluation=\"auto\"` GNNPipe evaluates the graph-parallel way where that sends at most "
     "twice the pipelined forward's bytes (GraphSAGE-8 here): the stages' weights "
@@ -678,8 +674,10 @@ def spread_lines(records: List[dict], rates: Dict[int, dict],
 
 
 def write_page(records: List[dict], path: Path, planner: Optional[Dict[tuple, dict]] = None,
-               spread: Optional[List[dict]] = None, spread_planner: Optional[Dict[tuple, dict]] = None) -> None:
-    """The page from the records of its own graph, and of the spread graph (``spread``)."""
+               spread: Optional[List[dict]] = None, spread_planner: Optional[Dict[tuple, dict]] = None,
+               planner_lines: Sequence[str] = ()) -> None:
+    """The page from the records of its own graph, and of the spread graph (``spread``); ``planner_lines``: the
+    planner's account (:func:`benchmarks.time_to_accuracy.planner.planner_paragraph`), after the findings."""
     from benchmarks.time_to_accuracy.rates import GPU_LINKS_GBIT, HBM_BYTES_PER_S, HBM_EFFICIENCY, derived_rates
 
     rates = derived_rates(records)
@@ -690,8 +688,8 @@ def write_page(records: List[dict], path: Path, planner: Optional[Dict[tuple, di
     out += [*SINCE, ""]
     out += answer(derived, summary + spread_summary, rates)
     out += ["Targets, GNNPipe's defaults (and, last, its option for deep models; seconds from each mode's latest "
-            "quiet run: over all of the latest session's runs, the first table's medians, GCNII-16's time to 99% is "
-            "0.70x and 0.68x at 300k and 0.71x at 1M):", "",
+            "quiet run, at 300k the latest session's; over all of the runs of the session before it, the first table's "
+            "medians, GCNII-16's time to 99% is 0.70x and 0.68x at 300k and 0.71x at 1M):", "",
             *targets(derived, summary + spread_summary, spread_derived), ""]
     spread_acc = accuracy_sentences(spread_derived)
     if spread_acc:
@@ -700,6 +698,7 @@ def write_page(records: List[dict], path: Path, planner: Optional[Dict[tuple, di
     out += ["## Setup", "", *SETUP, ""]
     out += ["## Over a link", "", *link_lines, ""]
     out += ["### Where the time goes", "", *time_split(summary), "", *FINDINGS, ""]
+    out += [*planner_lines, ""] if planner_lines else []
     out += spread_section
     out += ["## Accuracy and time to it, free link", "", *accuracy_summary(derived), "", *acc_lines, ""]
     out += ["## Rates", "", *rate_lines(rates, GPU_LINKS_GBIT, HBM_BYTES_PER_S, HBM_EFFICIENCY), ""]

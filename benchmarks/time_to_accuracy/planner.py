@@ -14,13 +14,13 @@ import datetime
 import functools
 from dataclasses import asdict
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
 from benchmarks.harness.records import append_cache, git_info, host_info, load_cache
 from benchmarks.time_to_accuracy.graph import GraphSpec, community_graph
-from benchmarks.time_to_accuracy.rates import derived_rates
+from benchmarks.time_to_accuracy.rates import derived_rates, median
 
 CHUNK_SECONDS = Path(__file__).resolve().parent / "chunk_seconds.jsonl"
 FREE_LINK_BYTES_PER_S = 2.7e9  # gloo over this machine's loopback (docs/results/performance.md, median)
@@ -78,6 +78,18 @@ def planner_predictions(records: List[dict], graph: GraphSpec, measure: bool = F
                                              "host": host_info(), "time": datetime.datetime.now().isoformat()})
             return cached[key]
 
+        calibration = [median([e["train_s"] for e in r["epochs"][1:]]) for r in records
+                       if r["status"] == "ok" and r["spec"]["mode"] == "exact" and r["spec"].get("threads") == 1
+                       and r["spec"]["model"] == name]
+        if calibration:  # the whole graph's 1-core seconds per layer, scaled by a chunk's rows, on the free link
+            per_layer = [calibration[-1] / len(blocks)] * len(blocks)
+            scaled = estimate_layouts(data.edge_index, data.num_nodes, dims, per_layer, 2, FREE_LINK_BYTES_PER_S,
+                                      chunks_per_stage=CHUNKS_PER_STAGE,
+                                      num_params=sum(p.numel() for p in params), num_param_tensors=len(params),
+                                      plan_fn=lambda ei, n, k: plan_of(k), shared_link=True)
+            out[(name, "scaled")] = {"gnnpipe": min(e.seconds for e in scaled if e.mode == "gnnpipe"),
+                                     "graph_parallel": next(e.seconds for e in scaled if e.mode == "graph_parallel"),
+                                     "choice": scaled[0].mode}
         for rate in rates:
             bandwidth = FREE_LINK_BYTES_PER_S if rate is None else rate / 8
             est = estimate_layouts(data.edge_index, data.num_nodes, dims, None, 2, bandwidth,
@@ -91,3 +103,65 @@ def planner_predictions(records: List[dict], graph: GraphSpec, measure: bool = F
         del model
     return out
 
+
+
+def chunk_totals(graph: GraphSpec, model: str) -> Dict[int, float]:
+    """Seconds of all layers over all chunks of each measured plan (``K`` -> seconds), from :data:`CHUNK_SECONDS`."""
+    return {r["num_chunks"]: sum(map(sum, r["seconds"])) for r in load_cache(CHUNK_SECONDS)
+            if _key(GraphSpec(**r["graph"]), r["model"], r["num_chunks"]) == _key(graph, model, r["num_chunks"])}
+
+
+def _latest(records: List[dict], graph: GraphSpec, model: str, mode: str, rate: Optional[float]) -> Optional[dict]:
+    """The latest 2-epoch run of ``mode``'s defaults at ``rate`` on ``graph`` (as the link table reads it)."""
+    out = None
+    for rec in records:
+        s = rec["spec"]
+        if rec["status"] == "ok" and (s["model"], s["mode"], s["rate_bits"]) == (model, mode, rate) \
+                and GraphSpec(**s["graph"]) == graph \
+                and s["epochs"] == 2 and s["validate"] and s["chunks"] == 8 and not s.get("strategy"):
+            out = rec
+    return out
+
+
+def planner_paragraph(records: List[dict], planner: Dict[tuple, dict], graph: GraphSpec) -> List[str]:
+    """The page's account of the planner against the GCNII-16 runs: its free-link estimates beside the measured
+    training steps, where the difference goes (bubble, waits), what the chunk times change, and the training step
+    against the epoch at the 400 Gbit/s rate; every figure read from the records and :data:`CHUNK_SECONDS`."""
+    pred, scaled = planner.get(("gcnii16", None)), planner.get(("gcnii16", "scaled"))
+    pipe, gp = (_latest(records, graph, "gcnii16", mode, None) for mode in ("gnnpipe", "graph_parallel"))
+    if not pred or not pipe or not gp:
+        return []
+    last = lambda rec, key: rec["epochs"][-1].get(key, 0.0)  # noqa: E731
+    gcnii, sage = chunk_totals(graph, "gcnii16"), chunk_totals(graph, "ressage8")
+    text = ("The planner (`estimate_layouts` with the rate as its bandwidth, `shared_link=True` since both ranks and "
+            "both directions pass the one loopback, and `chunk_seconds`: every layer's forward+backward on every chunk "
+            "of each plan it weighs, timed on one core by `measure_chunk_seconds`, `python -m "
+            "benchmarks.time_to_accuracy.bench --only planner`, kept in "
+            "`benchmarks/time_to_accuracy/chunk_seconds.jsonl`) makes the choices of the tables' planner columns. "
+            f"Its seconds are below the measured ones (GCNII-16 on the free link: {pred['gnnpipe']:.1f} s for GNNPipe "
+            f"against {last(pipe, 'train_s'):.1f} s, {pred['graph_parallel']:.1f} s for graph parallelism against "
+            f"{last(gp, 'train_s'):.1f} s): it times each chunk alone, while in a fit both ranks compute at once on "
+            "the machine's one memory, a stage waits for the other (GNNPipe's ranks: "
+            f"{last(pipe, 'comm/bubble_s/rank0'):.2f} and {last(pipe, 'comm/bubble_s/rank1'):.2f} s of bubble, "
+            f"{last(pipe, 'comm/wait_s/rank0'):.2f} and {last(pipe, 'comm/wait_s/rank1'):.2f} s waiting for rows) and "
+            f"graph parallelism's ranks wait for halo rows ({last(gp, 'comm/wait_s/rank0'):.2f} and "
+            f"{last(gp, 'comm/wait_s/rank1'):.2f} s).")
+    if 16 in gcnii and 2 in gcnii and 8 in sage and 2 in sage:
+        text += (f" The chunks matter: on one core GCNII-16's 16 chunks take {gcnii[16] / gcnii[2]:.2f}x the time of "
+                 f"its 2 partitions ({gcnii[16]:.1f} against {gcnii[2]:.1f} s, all layers) and GraphSAGE-8's 8 chunks "
+                 f"{sage[8] / sage[2]:.2f}x ({sage[8]:.1f} against {sage[2]:.1f} s), as a chunk's rows stay in cache")
+        if scaled:
+            text += ("; the whole graph's seconds per layer (the calibration's) scaled by a chunk's rows "
+                     f"(`layer_seconds`) give {scaled['gnnpipe']:.1f} s for GNNPipe against "
+                     f"{scaled['graph_parallel']:.1f} s for graph parallelism on the free link and pick "
+                     f"{'GNNPipe' if scaled['choice'] == 'gnnpipe' else scaled['choice'].replace('_', ' ') + 'ism'}")
+        text += "."
+    rate = max((r["spec"]["rate_bits"] for r in records if r["spec"]["rate_bits"]), default=None)
+    pipe_r, gp_r = (_latest(records, graph, "gcnii16", mode, rate) for mode in ("gnnpipe", "graph_parallel"))
+    if pipe_r and gp_r:
+        epoch = lambda rec: last(rec, "train_s") + last(rec, "val_s")  # noqa: E731
+        text += (f" It estimates the training step only: with GCNII-16 at {rate / 1e6:.0f} Mbit/s GNNPipe's training "
+                 f"step takes {last(pipe_r, 'train_s'):.1f} s against graph parallelism's "
+                 f"{last(gp_r, 'train_s'):.1f} s, and its epoch, validation included, {epoch(pipe_r):.1f} s against "
+                 f"{epoch(gp_r):.1f} s.")
+    return [text]
