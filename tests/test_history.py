@@ -399,6 +399,29 @@ class _InheritsFunctionalDropout(_FunctionalDropoutBlock):
     pass
 
 
+class _ImportedDropoutBlock(torch.nn.Module):
+    """Calls the functional dropout imported by its name."""
+
+    def forward(self, x, edge_index):
+        from torch.nn.functional import dropout
+
+        return dropout(x, 0.5, self.training)
+
+
+class _DropoutMethodBlock(torch.nn.Module):
+    """A method named ``dropout`` (defined and called on ``self``) is not a call of the functional one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = 0.0
+
+    def dropout(self, x):
+        return x * (1 - self.p)
+
+    def forward(self, x, edge_index):
+        return self.dropout(x)
+
+
 class _NoDropoutBlock(torch.nn.Module):
     """Mentions F.dropout(x) only in its docstring."""
 
@@ -425,5 +448,7 @@ def test_auto_halo_gradients_see_a_functional_dropout_in_a_blocks_source():
     assert first_dropout([nn.Sequential(_InheritsFunctionalDropout())]) == \
         "block 0 (0): _InheritsFunctionalDropout (its base _FunctionalDropoutBlock) calls F.dropout"
     assert resolve_halo_gradients("auto", 1, "1f1b", 1, [_FunctionalDropoutBlock()]) == "detach"
+    assert first_dropout([_ImportedDropoutBlock()]) == "block 0: _ImportedDropoutBlock calls F.dropout"
+    assert first_dropout([_DropoutMethodBlock()]) is None
     plain = [_NoDropoutBlock(), GCNConv(4, 4), GATConv(4, 4, dropout=0.0)]  # GATConv's source calls F.dropout
     assert first_dropout(plain) is None and resolve_halo_gradients("auto", 1, "1f1b", 1, plain) == "fresh"

@@ -184,9 +184,11 @@ DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropou
 """Modules that drop entries at training time (with ``p > 0``)."""
 
 
-_FUNCTIONAL_DROPOUT = re.compile(r"\b(?:F|functional|torch)\.(?:feature_alpha_|alpha_|feature_)?dropout(?:[123]d)?\s*\(")
+_FUNCTIONAL_DROPOUT = re.compile(r"(?:\b(?:F|functional|torch)\.|(?<![\w.])(?<!def ))"
+                                 r"(?:feature_alpha_|alpha_|feature_)?dropout(?:[123]d)?\s*\(")
 """A call of a functional dropout in code: ``F.dropout(``, ``torch.nn.functional.dropout(``, ``torch.dropout(``,
-``F.alpha_dropout(``, ``F.dropout2d(``, ..."""
+``F.alpha_dropout(``, ``F.dropout2d(``, ..., or of one imported by its name (``dropout(``; not a method such as
+``self.dropout(``, a module read from its attributes, nor a ``def dropout(``)."""
 _LIBRARIES = ("torch", "torch_geometric", "lightning_gnnpipe")
 """Packages whose modules' dropout is read from their attributes (``p``, ``dropout``), not from their source."""
 
