@@ -450,5 +450,10 @@ def test_auto_halo_gradients_see_a_functional_dropout_in_a_blocks_source():
     assert resolve_halo_gradients("auto", 1, "1f1b", 1, [_FunctionalDropoutBlock()]) == "detach"
     assert first_dropout([_ImportedDropoutBlock()]) == "block 0: _ImportedDropoutBlock calls F.dropout"
     assert first_dropout([_DropoutMethodBlock()]) is None
+    off = _FunctionalDropoutBlock()
+    off.dropout = 0.0  # a number of its own decides: no dropout, although its code calls F.dropout
+    assert first_dropout([off]) is None and resolve_halo_gradients("auto", 1, "1f1b", 1, [off]) == "fresh"
+    off.dropout = 0.3
+    assert first_dropout([off]) == "block 0: _FunctionalDropoutBlock(p=0.3)"
     plain = [_NoDropoutBlock(), GCNConv(4, 4), GATConv(4, 4, dropout=0.0)]  # GATConv's source calls F.dropout
     assert first_dropout(plain) is None and resolve_halo_gradients("auto", 1, "1f1b", 1, plain) == "fresh"

@@ -19,9 +19,9 @@ import io
 import re
 import textwrap
 import tokenize
+import weakref
 from contextlib import contextmanager
 from contextvars import ContextVar
-from functools import lru_cache
 from typing import Iterator, Optional, Sequence, Tuple, Union
 
 import torch
@@ -193,18 +193,37 @@ _LIBRARIES = ("torch", "torch_geometric", "lightning_gnnpipe")
 """Packages whose modules' dropout is read from their attributes (``p``, ``dropout``), not from their source."""
 
 
-@lru_cache(maxsize=None)
+_SOURCE_READ: "weakref.WeakKeyDictionary[type, Optional[str]]" = weakref.WeakKeyDictionary()
+_NOT_CODE = tuple(t for t in (tokenize.COMMENT, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", None))
+                  if t is not None)  # Python 3.12+ splits f-strings into tokens of their own
+
+
 def _calls_functional_dropout(cls: type) -> Optional[str]:
-    """``cls``'s name (and its base's, where a base's code calls it) if a class of its MRO outside :data:`_LIBRARIES` calls
-    a functional dropout in its code (comments and strings left out); ``None`` if none, or if no source can be read
-    (a class defined in ``exec``)."""
+    """``cls``'s name (and its base's, where a base's code calls it) if a class of its MRO outside :data:`_LIBRARIES`
+    calls a functional dropout in its code (comments and strings left out); ``None`` if none, or if no source can be
+    read. Read once per class (kept while the class lives)."""
+    try:
+        return _SOURCE_READ[cls]
+    except KeyError:
+        pass
+    except TypeError:  # a class that cannot be a weak reference's key (unhashable, or no weak references)
+        return _read_functional_dropout(cls)
+    found = _read_functional_dropout(cls)
+    try:
+        _SOURCE_READ[cls] = found
+    except TypeError:
+        pass
+    return found
+
+
+def _read_functional_dropout(cls: type) -> Optional[str]:
     for klass in cls.__mro__:
         if klass.__module__.split(".")[0] in _LIBRARIES or klass is object:
             continue
         try:
             source = textwrap.dedent(inspect.getsource(klass))
             tokens = tokenize.generate_tokens(io.StringIO(source).readline)
-            code = " ".join(t.string for t in tokens if t.type not in (tokenize.COMMENT, tokenize.STRING))
+            code = " ".join(t.string for t in tokens if t.type not in _NOT_CODE)
         except (OSError, TypeError, tokenize.TokenError, IndentationError, SyntaxError):
             continue
         if _FUNCTIONAL_DROPOUT.search(code.replace(" . ", ".").replace(" (", "(")):
@@ -215,11 +234,14 @@ def _calls_functional_dropout(cls: type) -> Optional[str]:
 def first_dropout(blocks: Sequence[nn.Module]) -> Optional[str]:
     """Where the first dropout of ``blocks`` is (``"block 1 (drop): Dropout(p=0.5)"``): a module of :data:`DROPOUTS`
     with ``p > 0``, a module with a number ``dropout`` above 0 (PyG convs such as ``GATConv``), or a module of a class
-    of the user's own (not torch's, PyG's or this package's) whose source calls a functional dropout (``F.dropout(``,
-    ``torch.dropout(``, ``F.alpha_dropout(``, ... outside comments and strings:
-    ``"block 1: ResBlock calls F.dropout"``); ``None`` if none. A call is taken for a dropout whatever its ``p`` and
-    ``training`` arguments (it cannot be read without running the block); a class whose source cannot be read
-    (defined in ``exec``) is not seen.
+    of the user's own (not torch's, PyG's or this package's) with no such number whose source calls a functional
+    dropout (``F.dropout(``, ``torch.dropout(``, ``F.alpha_dropout(``, a ``dropout(`` imported by its name, ...
+    outside comments and strings: ``"block 1: ResBlock calls F.dropout"``); ``None`` if none. A module's number
+    decides where it has one (``dropout=0.0`` is no dropout, whatever its code calls); else a call is taken for a
+    dropout whatever its ``p`` and ``training`` arguments (they cannot be read without running the block). Not seen:
+    a call under another name (``import torch.nn.functional as nnf``, an alias), in a function the block calls, in a
+    class whose source cannot be read (made by ``type()`` or ``exec``, typed in at the prompt) or in a scripted or
+    traced module (its class is torch's).
 
     Args:
         blocks: The model's layer blocks (:class:`~lightning_gnnpipe.nn.stack.LayerStack`'s).
@@ -229,8 +251,10 @@ def first_dropout(blocks: Sequence[nn.Module]) -> Optional[str]:
         for name, m in block.named_modules():
             where = f"block {i}" + (f" ({name})" if name else "")
             p = getattr(m, "p", None) if isinstance(m, DROPOUTS) else getattr(m, "dropout", None)
-            if isinstance(p, (int, float)) and not isinstance(p, bool) and p > 0:
-                return f"{where}: {type(m).__name__}(p={p})"
+            if isinstance(p, (int, float)) and not isinstance(p, bool):
+                if p > 0:
+                    return f"{where}: {type(m).__name__}(p={p})"
+                continue  # its own number says it drops nothing
             caller = _calls_functional_dropout(type(m))
             if caller is not None:
                 return f"{where}: {caller} calls F.dropout"
