@@ -172,6 +172,8 @@ def test_measure_chunk_seconds_times_every_block_on_every_chunk(graph):
         assert 0.02 <= row[0] < 0.02 + 0.1 and 0.06 <= row[1] < 0.06 + 0.1
     assert len(blocks[0].seen) == 1 + 3 * 2  # one call reads the widths, then 3 chunks x (warm-up + timed run)
     assert all(p.grad is None for b in blocks for p in b.parameters())
+    with pytest.raises(ValueError, match=r"`repeats` must be >= 1 timed runs \(got 0\)"):
+        measure_chunk_seconds(blocks, graph.x, graph.edge_index, repeats=0)
 
 
 class _Sleep(nn.Module):

@@ -315,17 +315,26 @@ def measure_chunk_seconds(blocks: Sequence[nn.Module], x: Tensor, edge_index: Te
                           repeats: int = 1) -> ChunkSeconds:
     """Return ``chunk_seconds`` for :func:`estimate_layouts`: for a plan, each block's forward+backward seconds on
     each of its chunks, run as a stage runs it (inner and halo rows, the chunk's own adjacency; best of ``repeats``
-    after one warm-up, :func:`~lightning_gnnpipe.pipeline.balance.profile_chunk_costs`), ``(K, L)``.
+    after one warm-up, :func:`~lightning_gnnpipe.pipeline.balance.profile_chunk_costs`).
 
-    On one process and its threads: set ``torch.set_num_threads`` to what a rank will have. A plan costs about one
-    training epoch per ``repeats + 1``.
+    On one process and its threads: set ``torch.set_num_threads`` to what a rank will have. A plan costs about
+    ``repeats + 1`` training epochs.
 
     Args:
         blocks: The model's ``L`` layer blocks.
         x: Node features ``(|V|, F)``, on the device to measure on.
         edge_index: Edges of the whole graph ``(2, |E|)``.
-        repeats: Timed runs per chunk and block.
+        repeats: Timed runs per chunk and block, at least 1.
+
+    Returns:
+        A function of a :class:`~lightning_gnnpipe.data.chunk.ChunkPlan` that measures and returns its ``(K, L)``
+        seconds (a list per chunk).
+
+    Raises:
+        ValueError: If ``repeats < 1``.
     """
+    if repeats < 1:
+        raise ValueError(f"measure_chunk_seconds: `repeats` must be >= 1 timed runs (got {repeats}).")
     return lambda plan: profile_chunk_costs(list(blocks), plan, edge_index, x, repeats=repeats)
 
 
