@@ -178,13 +178,13 @@ SINCE = [
     "1M epoch -9% at the same peak USS (one run).",
     "",
     "Against graph parallelism, in the latest session (2 epochs, the second, one run each, alone on the machine; "
-    "the link table below reads these runs at every rate but 16 Mbit/s, whose runs, about 25 minutes a pair, are the "
-    "older host's): on the free link graph parallelism's epoch is 11.8 + 3.6 s with GCNII-16, 1.11x GNNPipe's "
-    "defaults' 9.6 + 4.4 s (1.26x in the previous session: 13.0 + 4.0 against 9.8 + 3.8 s), and 7.7 + 2.5 s with "
-    "GraphSAGE-8, 1.02x GNNPipe's 7.6 + 2.4 s; at the 100 Gbit/s rate (163 Mbit/s) GNNPipe's GCNII-16 epoch takes "
+    "the link table below reads these runs): on the free link graph parallelism's epoch is 11.8 + 3.6 s with "
+    "GCNII-16, 1.11x GNNPipe's defaults' 9.6 + 4.4 s (1.26x in the previous session: 13.0 + 4.0 against 9.8 + 3.8 "
+    "s), and 7.7 + 2.5 s with GraphSAGE-8, 1.02x GNNPipe's 7.6 + 2.4 s; at the 100 Gbit/s rate (163 Mbit/s) GNNPipe's GCNII-16 epoch takes "
     "17.4 + 8.1 s and graph parallelism's 34.2 + 15.2 s, 1.94x, sending 2.96x GNNPipe's bytes (0.45 against 0.15 GiB "
     "a training step; the halo rows' gradients cross no link), and with GraphSAGE-8 14.8 + 8.5 against 19.3 + 8.5 s, "
-    "1.19x; at the 400 Gbit/s rate (654 Mbit/s) 11.2 + 4.7 against 16.2 + 6.1 s, 1.40x (0.93x in the older host's "
+    "1.19x; at the 10 Gbit/s rate (16 Mbit/s) 88.3 + 46.2 against 243.4 + 121.7 s, 2.72x (2.50x on the older "
+    "host); at the 400 Gbit/s rate (654 Mbit/s) 11.2 + 4.7 against 16.2 + 6.1 s, 1.40x (0.93x in the older host's "
     "records, before the exact forward read rows in place). GPipe (`schedule=\"gpipe\"`): 10.8 + 3.4 s on the free "
     "link, 18.2 + 7.2 s at 163 Mbit/s, at 3.2-3.3 GiB on the largest rank against 1F1B's 1.9 GiB; the hybrid 2 x 2 "
     "(4 processes on the 2 cores): 11.8 + 9.2 s, 41.6 + 32.2 s and 16.3 + 14.0 s on the free link and at 163 and 654 "
@@ -313,8 +313,8 @@ FINDINGS = [
     "evaluation runs under them too and is faster because both ranks compute at once, each half the rows.",
     "",
     "The hybrid 2x2 runs 4 processes on the 2 cores and sends the most (0.71 GiB a training step: stage boundaries "
-    "0.29, halo rows and their gradients 0.39, logits 0.04), so it is the slowest mode here: 20.3 s an epoch on the "
-    "free link, 30.6 s at 654 Mbit/s, 73.5 s at 163 Mbit/s (not run at 16 Mbit/s: about 25 minutes). Its "
+    "0.29, halo rows and their gradients 0.39, logits 0.04), so it is the slowest mode here: 21.0 s an epoch on the "
+    "free link, 30.3 s at 654 Mbit/s, 73.7 s at 163 Mbit/s (not run at 16 Mbit/s: about 25 minutes). Its "
     "exact validation receives each partition's halo rows once per layer; "
     "summing every layer's whole `(|V|, d)` output over the partitions instead (measured with that variant) takes "
     "149.1 s of validation at 163 Mbit/s against 33.5 s (free link: 11.3 s against 10.1 s).",
