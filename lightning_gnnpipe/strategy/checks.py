@@ -119,6 +119,9 @@ def resolve_halo_gradients(halo_gradients: str, refresh_every: int, schedule: st
     chunk order allows
     (:mod:`~lightning_gnnpipe.history.halo_grad`). Else ``"detach"``; where dropout alone decides, one info line in a
     fit says so (the refresh computes the rows without dropout: their gradients are not those of the owners' rows).
+    The dropout rule reads user classes' source, which a rank might read otherwise than another (a file changed on
+    disk between their starts): a strategy resolves it on one rank and broadcasts the result, since every stage must
+    run the chunks in the same order (``"fresh"`` reverses it in odd epochs).
 
     Args:
         halo_gradients: The strategy's option (``"auto"`` or one of

@@ -204,8 +204,8 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
                             self._gp_group, self.graph_parallel_size, self.partition_index)
         autocast = (self._boundary_dtype or x.dtype) != x.dtype
         every = resolve_refresh_every(self.refresh_every, trainer, self.lightning_module, autocast)
-        halo_grads = resolve_halo_gradients(self.halo_gradients, every, self.schedule_name, self.graph_parallel_size,
-                                            stack.blocks, trainer.state.fn == TrainerFn.FITTING)
+        halo_grads = self.broadcast(resolve_halo_gradients(self.halo_gradients, every, self.schedule_name,  # rank 0's
+            self.graph_parallel_size, stack.blocks, trainer.state.fn == TrainerFn.FITTING))
         runtime = self._runtime = PipelineRuntime(
             stack.blocks, virtual, self._dims, plan, data.edge_index, x, layout, self.root_device, self.comm_stats,
             self.history_momentum, halo_grads, self._boundary_dtype, self.activation_checkpointing,
