@@ -535,6 +535,28 @@ def accuracy_summary(derived: Dict[tuple, dict]) -> List[str]:
     return lines
 
 
+def link_runs(records: List[dict]) -> Tuple[Dict[tuple, dict], Dict[tuple, dict], Dict[tuple, dict]]:
+    """The runs the link table reads, the latest of each (300k, K = 8, with validation): each mode's defaults and
+    GPipe's (at most 3 epochs), keyed ``(model, rate_bits, mode)``, and :data:`EXACT_FORWARD`'s (at most 4),
+    keyed ``(model, rate_bits)``."""
+    runs: Dict[tuple, dict] = {}
+    tuned: Dict[tuple, dict] = {}
+    exact_forward: Dict[tuple, dict] = {}
+    for rec in records:
+        s = rec["spec"]
+        if s["epochs"] <= 4 and s["validate"] and s["graph"]["num_nodes"] == 300_000 and s["chunks"] == 8 \
+                and s["mode"] in SHORT:
+            if s.get("strategy") == EXACT_FORWARD:
+                exact_forward[(s["model"], s["rate_bits"])] = rec
+            elif s["epochs"] > 3:
+                continue
+            elif not s.get("strategy"):
+                runs[(s["model"], s["rate_bits"], s["mode"])] = rec
+            elif s["strategy"] == {"schedule": "gpipe"}:
+                tuned[(s["model"], s["rate_bits"], s["mode"])] = rec
+    return runs, tuned, exact_forward
+
+
 def link_table(records: List[dict], derived: Dict[tuple, dict], rates: Dict[int, dict],
                planner: Dict[tuple, dict], graph: str = "page") -> Tuple[List[str], List[dict]]:
     """Per model and rate: epoch (train + validation) of each mode, GP ÷ GNNPipe, time to accuracy, planner; the
@@ -547,20 +569,8 @@ def link_table(records: List[dict], derived: Dict[tuple, dict], rates: Dict[int,
              "hybrid) | planner: predicted training s / epoch (GNNPipe, GP), choice | measured faster training step |",
              "|---" * 11 + "|"]
     summary = []
-    runs, tuned, exact_forward = {}, {}, {}
+    runs, tuned, exact_forward = link_runs(records)
     exact_key = mode_key({"mode": "gnnpipe", "chunks": 8, "strategy": EXACT_FORWARD})
-    for rec in records:
-        s = rec["spec"]
-        if s["epochs"] <= 4 and s["validate"] and s["graph"]["num_nodes"] == 300_000 and s["chunks"] == 8 \
-                and s["mode"] in SHORT and (s["rate_bits"] is None or s["rate_bits"] in by_rate):
-            if s.get("strategy") == EXACT_FORWARD:
-                exact_forward[(s["model"], s["rate_bits"])] = rec
-            elif s["epochs"] > 3:
-                continue
-            elif not s.get("strategy"):
-                runs[(s["model"], s["rate_bits"], s["mode"])] = rec
-            elif s["strategy"] == {"schedule": "gpipe"}:
-                tuned[(s["model"], s["rate_bits"], s["mode"])] = rec
     for model in ("ressage8", "gcnii16"):
         for rate, name in by_rate.items():
             recs = {m: runs.get((model, rate, m)) for m in SHORT}

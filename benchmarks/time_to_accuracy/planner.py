@@ -16,7 +16,7 @@ import datetime
 import functools
 from dataclasses import asdict
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import torch
 
@@ -114,27 +114,18 @@ def chunk_totals(graph: GraphSpec, model: str) -> Dict[int, float]:
             if _key(GraphSpec(**r["graph"]), r["model"], r["num_chunks"]) == _key(graph, model, r["num_chunks"])}
 
 
-def _latest(records: List[dict], graph: GraphSpec, model: str, mode: str, rate: Optional[float]) -> Optional[dict]:
-    """The latest 2-epoch run of ``mode``'s defaults at ``rate`` on ``graph`` (as the link table reads it)."""
-    out = None
-    for rec in records:
-        s = rec["spec"]
-        if rec["status"] == "ok" and (s["model"], s["mode"], s["rate_bits"]) == (model, mode, rate) \
-                and GraphSpec(**s["graph"]) == graph \
-                and s["epochs"] == 2 and s["validate"] and s["chunks"] == 8 and not s.get("strategy"):
-            out = rec
-    return out
-
-
 def planner_paragraph(records: List[dict], planner: Dict[tuple, dict], graph: GraphSpec) -> List[str]:
     """The page's account of the planner against the GCNII-16 runs: its free-link estimates beside the measured
     training steps, where the difference goes (bubble, waits), what the chunk times change, and the training step
-    against the epoch at the 400 Gbit/s rate; every figure read from the records and :data:`CHUNK_SECONDS`."""
+    against the epoch at the fastest emulated rate; every figure read from the records and :data:`CHUNK_SECONDS`."""
+    from benchmarks.time_to_accuracy.page import link_runs, ok, timed
+
+    runs = link_runs(records)[0]
     pred, scaled = planner.get(("gcnii16", None)), planner.get(("gcnii16", "scaled"))
-    pipe, gp = (_latest(records, graph, "gcnii16", mode, None) for mode in ("gnnpipe", "graph_parallel"))
-    if not pred or not pipe or not gp:
+    pipe, gp = (runs.get(("gcnii16", None, mode)) for mode in ("gnnpipe", "graph_parallel"))
+    if not pred or not ok(pipe) or not ok(gp):
         return []
-    last = lambda rec, key: rec["epochs"][-1].get(key, 0.0)  # noqa: E731
+    last = lambda rec, key: timed(rec, key) or 0.0  # noqa: E731  (as the link table reads a run)
     below = pred["gnnpipe"] < last(pipe, "train_s") and pred["graph_parallel"] < last(gp, "train_s")
     gcnii, sage = chunk_totals(graph, "gcnii16"), chunk_totals(graph, "ressage8")
     text = ("The planner (`estimate_layouts` with the rate as its bandwidth, `shared_link=True` since both ranks and "
@@ -163,8 +154,8 @@ def planner_paragraph(records: List[dict], planner: Dict[tuple, dict], graph: Gr
                      f"{'GNNPipe' if scaled['choice'] == 'gnnpipe' else scaled['choice'].replace('_', ' ') + 'ism'}")
         text += "."
     rate = max((r["spec"]["rate_bits"] for r in records if r["spec"]["rate_bits"]), default=None)
-    pipe_r, gp_r = (_latest(records, graph, "gcnii16", mode, rate) for mode in ("gnnpipe", "graph_parallel"))
-    if pipe_r and gp_r:
+    pipe_r, gp_r = (runs.get(("gcnii16", rate, mode)) for mode in ("gnnpipe", "graph_parallel"))
+    if ok(pipe_r) and ok(gp_r):
         epoch = lambda rec: last(rec, "train_s") + last(rec, "val_s")  # noqa: E731
         text += (f" It estimates the training step only: with GCNII-16 at {rate / 1e6:.0f} Mbit/s GNNPipe's training "
                  f"step takes {last(pipe_r, 'train_s'):.1f} s against graph parallelism's "
