@@ -174,6 +174,10 @@ def test_measure_chunk_seconds_times_every_block_on_every_chunk(graph):
     assert all(p.grad is None for b in blocks for p in b.parameters())
     with pytest.raises(ValueError, match=r"`repeats` must be >= 1 timed runs \(got 0\)"):
         measure_chunk_seconds(blocks, graph.x, graph.edge_index, repeats=0)
+    from lightning_gnnpipe.pipeline.balance import profile_chunk_costs
+
+    with pytest.raises(ValueError, match=r"chunks in \[0, 3\) \(got repeats=1, chunks=\[3\]\)"):
+        profile_chunk_costs(blocks, plan, graph.edge_index, graph.x[:, :3].contiguous(), chunks=[3])
 
 
 class _Sleep(nn.Module):

@@ -130,14 +130,21 @@ def profile_chunk_costs(blocks: List[nn.Module], plan: ChunkPlan, edge_index: Te
 
     Returns:
         For each chunk of ``chunks``, ``L`` times in seconds.
+
+    Raises:
+        ValueError: If ``repeats < 1`` or a chunk is not in ``[0, K)``.
     """
+    picked = list(range(plan.num_chunks)) if chunks is None else list(chunks)
+    if repeats < 1 or any(not 0 <= c < plan.num_chunks for c in picked):
+        raise ValueError(f"profile_chunk_costs: need repeats >= 1 and chunks in [0, {plan.num_chunks}) (got repeats="
+                         f"{repeats}, chunks={picked}).")
     device = x.device
     graph = build_chunk_graph(plan, edge_index, norm_keys(blocks), device, dtype=x.dtype, **chunk_graph_options(blocks))
     dims = infer_dims(blocks, x[:2])
     saved = [(t, t.detach().clone()) for b in blocks for t in b.buffers()]
     out: List[List[float]] = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        for chunk in range(plan.num_chunks) if chunks is None else chunks:
+        for chunk in picked:
             times: List[List[float]] = [[] for _ in blocks]
             # Round-robin over the blocks, keeping each block's fastest run: a burst of load from
             # elsewhere then slows one run of every block instead of every run of one block.
