@@ -17,13 +17,15 @@ arguments of the strategy). Modes:
 
 Writes ``DIR/result.json``: per epoch the training seconds (the step and Lightning's loop, without validation),
 validation seconds, validation and test accuracy of the exact full-graph forward, training loss and bytes sent
-(all ranks, the training step); setup seconds; and from every process ``DIR/mem_<role>.json`` (peak USS / PSS /
+(all ranks, the training step), CPU seconds in user and kernel mode and minor page faults over the epoch with its
+validation (``user_s``, ``sys_s``, ``minflt``: rank 0's, and every rank's in ``ranks_cpu``); setup seconds; and from every process ``DIR/mem_<role>.json`` (peak USS / PSS /
 RSS and ``VmHWM``, :mod:`benchmarks.harness.memory`).
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
 from datetime import timedelta
@@ -47,6 +49,14 @@ from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParall
 LONG = timedelta(hours=2)  # collectives may wait long on an emulated slow link
 
 
+def cpu_since(before) -> Dict[str, float]:
+    """This process's CPU seconds in user and kernel mode and its minor page faults since ``before`` (a
+    ``resource.getrusage`` result): ``user_s``, ``sys_s``, ``minflt``."""
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    return {"user_s": now.ru_utime - before.ru_utime, "sys_s": now.ru_stime - before.ru_stime,
+            "minflt": float(now.ru_minflt - before.ru_minflt)}
+
+
 class Epochs(Callback):
     """Per epoch on every rank: training and validation seconds; on rank 0 the logged metrics. Starts the rank's
     memory sampler; writes ``DIR/epochs_rank<r>.json`` at the end of the fit."""
@@ -61,6 +71,7 @@ class Epochs(Callback):
 
     def on_train_epoch_start(self, trainer, pl_module):
         self._t, self._v = time.perf_counter(), 0.0
+        self._ru = resource.getrusage(resource.RUSAGE_SELF)
 
     def on_validation_epoch_start(self, trainer, pl_module):
         self._v0 = time.perf_counter()
@@ -72,7 +83,7 @@ class Epochs(Callback):
         total = time.perf_counter() - self._t
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()
                    if k in ("val_acc", "test_acc", "train_loss") or k.startswith("comm/")}
-        self.rows.append({"train_s": total - self._v, "val_s": self._v, **metrics})
+        self.rows.append({"train_s": total - self._v, "val_s": self._v, **metrics, **cpu_since(self._ru)})
 
     def on_train_end(self, trainer, pl_module):
         choice = getattr(trainer.strategy, "schedule_choice", None)  # what GNNPipeStrategy ran
@@ -119,7 +130,7 @@ def run_plain(spec: dict, data) -> List[dict]:
     sched = lr_scheduler(opt, spec.get("lr_schedule"), spec["epochs"])
     rows = []
     for _ in range(spec["epochs"]):
-        t0 = time.perf_counter()
+        t0, ru0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         model.train()
         opt.zero_grad()
         loss = F.cross_entropy(run()[data.train_mask], data.y[data.train_mask])
@@ -134,6 +145,7 @@ def run_plain(spec: dict, data) -> List[dict]:
             with torch.no_grad():
                 val, test = accuracies(run(), data)
             row.update(val_s=time.perf_counter() - t1, val_acc=float(val), test_acc=float(test))
+        row.update(cpu_since(ru0))
         rows.append(row)
     return rows
 
@@ -164,6 +176,7 @@ def run_trainer(spec: dict, data, run_dir: Path) -> List[dict]:
         row["train_s"] = max(r[e]["train_s"] for r in ranks)
         row["val_s"] = max(r[e]["val_s"] for r in ranks)
         row["sent_bytes"] = sent_bytes(row)
+        row["ranks_cpu"] = [{k: r[e][k] for k in ("user_s", "sys_s", "minflt")} for r in ranks]
     return rows
 
 
