@@ -73,7 +73,7 @@ SINCE = [
     "2-core host); the first table here is the current code on this page's latest host, every row from runs of one "
     "session made alone on the machine (`python -m benchmarks.time_to_accuracy.worker` through `bench.measure`, free "
     "link, 2-epoch fits, the second epoch; they are the cached records the tables below read, which take a mode's "
-    "latest run; the 1M GraphSAGE-8 row is one pair of a later session, on a faster host). Epochs to 99% of "
+    "latest run; the 1M GraphSAGE-8 row and the second 1M GCNII-16 row are pairs of a later session, on a faster host). Epochs to 99% of "
     "exact's best validation accuracy come from the 30-epoch accuracy runs below. Sessions differ: the single "
     "process's 300k GCNII-16 epoch took 21.4 + 3.5 s in the previous session and 18.1-19.3 + 3.1-3.2 s in this one "
     "(3 runs), its GraphSAGE-8 epoch 11.8 + 2.5 s against 10.3 + 2.2 s, while GNNPipe's changed less, so every ratio "
@@ -96,6 +96,8 @@ SINCE = [
     "| 1M | gcnii16 | `GNNPipeStrategy()` (4 runs) | 36.6-41.0 + 12.7-15.1 | 68.6-72.3 + 11.7-12.4 (3 runs) "
     "| 0.66x (medians; 0.58x-0.70x) | 29, 27 | 0.71x (medians; the latest pair 0.70x) "
     "| 3.86-4.00 GiB (10.26) |",
+    "| 1M | gcnii16 | `GNNPipeStrategy()`, later session (2 runs) | 23.8-24.0 + 9.9-10.0 | 47.6-48.2 + 7.2-7.5 "
+    "(2 runs) | 0.61x, 0.62x | 29, 27 | 0.65x, 0.66x (the pairs) | 3.91 GiB (10.27) |",
     "| 1M | ressage8 | `GNNPipeStrategy()`, later session | 18.5 + 6.0 | 25.0 + 4.5 | 0.83x | 29, 30 | 0.80x | "
     "3.83 GiB (8.69) |",
     "",
@@ -133,7 +135,9 @@ SINCE = [
     "",
     "So GNNPipe's defaults reach 99% of exact's best validation accuracy in 0.68x-0.70x the single "
     "process's time at 300k with GCNII-16 (medians of 3 runs each in one session; 0.61x-0.64x with the latest pairs), "
-    "0.71x with GCNII-16 (medians of 4 and 3 runs; 0.70x with the latest pair) at "
+    "0.71x with GCNII-16 (medians of 4 and 3 runs; 0.70x with the latest pair; 0.65x and 0.66x in two pairs of a "
+    "later session on a faster host, where the single process spent 31.7-32.7 of its 93-95 CPU seconds an epoch in "
+    "the kernel, 1.6M minor page faults, and each GNNPipe rank 7.5-9.7 of 29-31) at "
     "1M, and 0.78x-0.79x with GraphSAGE-8 at 300k (0.80x at 1M, one pair, with one epoch fewer than exact training: "
     "29 against 30; training 0.74x, 18.5 against 25.0 s, validation 1.33x, 6.0 against 4.5 s; in that pair the "
     "single process spent 17.7 of its 51.8 CPU seconds an epoch in the kernel, 757k minor page faults of fresh "
