@@ -86,3 +86,22 @@ def test_memory_sampler_takes_a_full_sample_at_a_new_high_of_private_memory(tmp_
     done = subprocess.run([sys.executable, "-c", SAMPLER_CHECK, str(tmp_path / "mem.json")], cwd=root,
                           env={**os.environ, "PYTHONPATH": root}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_pair_lines_pair_each_exact_run_with_the_gnnpipe_run_after_it():
+    from benchmarks.time_to_accuracy.pairs import pair_lines
+
+    def rec(mode, train, val, uss_gib):
+        return {"status": "ok", "batch": "b1", "spec": {"graph": {"num_nodes": 300_000}, "model": "ressage8",
+                                                        "mode": mode},
+                "epochs": [{"train_s": 99.0, "val_s": 99.0}, {"train_s": train, "val_s": val}],
+                "processes": {"main": {"uss": uss_gib * 2**30}}}
+
+    records = [rec("exact", 8.0, 2.0, 3.0), rec("gnnpipe", 5.0, 1.0, 1.5),  # pair 1: 6 / 10
+               rec("exact", 9.0, 1.0, 2.5), rec("gnnpipe", 4.0, 3.0, 1.0),  # pair 2: 7 / 10
+               rec("exact", 50.0, 50.0, 9.0)]  # no GNNPipe run after it: not a pair
+    lines = pair_lines(records, {(300_000, "ressage8"): [(0, 30, 30), (1, 28, 30)]})
+    assert len(lines) == 3
+    # medians: exact 8.5 + 1.5 = 10 (unpaired run left out), GNNPipe 4.5 + 2.0 = 6.5; second epochs only
+    assert lines[2] == ("| b1 | 300,000 | ressage8 | 2 | 8.0-9.0 + 1.0-2.0 | 4.0-5.0 + 1.0-3.0 | 0.65x; 0.60x-0.70x "
+                        "| seed 0: 0.65x (30, 30); seed 1: 0.61x (28, 30) | 1.50 (3.00) GiB |")

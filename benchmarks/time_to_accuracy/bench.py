@@ -3,6 +3,7 @@
     python -m benchmarks.time_to_accuracy.bench              # measure what the cache lacks, then write the page
     python -m benchmarks.time_to_accuracy.bench --page-only  # the page from the cache alone
     python -m benchmarks.time_to_accuracy.bench --only accuracy|tuning|calibration|link|timing|large|spread|planner
+    python -m benchmarks.time_to_accuracy.bench --only pairs [--pairs 4] [--nodes 300000]  # alternating pairs
 
 Every run is one worker process (:mod:`benchmarks.time_to_accuracy.worker`) watched for the machine's memory, its
 record appended to ``benchmarks/time_to_accuracy/runs.jsonl`` (``--force`` re-measures). Parts:
@@ -22,6 +23,8 @@ record appended to ``benchmarks/time_to_accuracy/runs.jsonl`` (``--force`` re-me
 * **timing**: the exact single process's epoch measured with nothing else running (2 epochs with validation).
 * **planner**: every layer's forward+backward on every chunk of the plans the planner weighs, one core, for the
   planner's predictions beside the link runs (:mod:`benchmarks.time_to_accuracy.planner`).
+* **pairs** (only when named): alternating pairs of the exact single process and GNNPipe's defaults in one session
+  (:mod:`benchmarks.time_to_accuracy.pairs`; their own file, ``pairs.jsonl``).
 * **accuracy** (free link, validation every epoch, :data:`EPOCHS` epochs): the exact single process, GNNPipe's
   default and graph parallelism with residual GraphSAGE-8 and GCNII-16, the MLP; a second seed of exact and GNNPipe
   with GraphSAGE-8. Its seconds per epoch are not used (they come from the quiet runs above), so it may share the
@@ -52,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.harness.memory import GIB, read_process_peaks  # noqa: E402
 from benchmarks.harness.process import classify, log_tail, run_watched  # noqa: E402
 from benchmarks.harness.records import append_cache, cache_key, git_info, host_info, load_cache  # noqa: E402
+from benchmarks.time_to_accuracy.pairs import PAIRS, run_pairs  # noqa: E402
 from benchmarks.time_to_accuracy.graph import GraphSpec  # noqa: E402
 from benchmarks.time_to_accuracy.link import LinkUnavailable, shaped_loopback  # noqa: E402
 from benchmarks.time_to_accuracy.page import EXACT_FORWARD  # noqa: E402
@@ -263,7 +267,9 @@ def run(parts: List[str], force: bool, timeout_s: float, cache: Path = CACHE,
 def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", nargs="+", choices=["calibration", "tuning", "accuracy", "timing", "link", "large",
-                                                 "spread", "planner"])
+                                                 "spread", "planner", "pairs"])
+    p.add_argument("--pairs", type=int, default=4, help="with --only pairs: alternating pairs per model")
+    p.add_argument("--nodes", type=int, default=SMALL, help="with --only pairs: the graph's nodes")
     p.add_argument("--page-only", action="store_true")
     p.add_argument("--force", action="store_true")
     p.add_argument("--modes", nargs="+", choices=["exact", "gnnpipe", "graph_parallel", "hybrid", "mlp"],
@@ -272,7 +278,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = p.parse_args(argv)
     parts = [] if args.page_only else args.only or ["calibration", "link", "spread", "tuning", "timing", "large",
                                                     "accuracy", "planner"]
-    runs = [part for part in parts if part != "planner"]
+    if "pairs" in parts:  # not cached: every call measures its pairs (benchmarks/time_to_accuracy/pairs.py)
+        run_pairs(args.pairs, args.nodes, args.timeout)
+    runs = [part for part in parts if part not in ("planner", "pairs")]
     if runs:
         run(runs, args.force, args.timeout, modes=args.modes)
     from benchmarks.time_to_accuracy.page import write_page
@@ -283,7 +291,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     graph = GraphSpec(num_nodes=SMALL)
     planner = planner_predictions(records, graph, measure)
     write_page(records, PAGE, planner, [r for r in load() if not on_page_graph(r)],
-               planner_predictions(records, SPREAD, measure), planner_paragraph(records, planner, graph))
+               planner_predictions(records, SPREAD, measure), planner_paragraph(records, planner, graph),
+               load_cache(PAIRS))
     print(f"wrote {PAGE}")
 
 

@@ -1,0 +1,83 @@
+"""Alternating pairs: the exact single process and ``GNNPipeStrategy()`` one after the other, several times, in one
+session, so that their ratio is not a ratio of two hosts or two moods of one host.
+
+    python -m benchmarks.time_to_accuracy.bench --only pairs [--pairs 4] [--nodes 300000]
+
+Each pair is two 2-epoch fits with validation (the second epoch timed), exact first, for residual GraphSAGE-8 and
+GCNII-16; every record goes to ``benchmarks/time_to_accuracy/pairs.jsonl`` with ``batch`` (the start of the call),
+not to ``runs.jsonl``, whose link table reads one session's runs of each mode. The page's table of pairs
+(:func:`pair_lines`) gives per batch the medians and the range of the pairs' ratios.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+from benchmarks.harness.records import append_cache
+
+PAIRS = Path(__file__).resolve().parent / "pairs.jsonl"
+PAIR_MODELS = ("ressage8", "gcnii16")
+
+
+def run_pairs(pairs: int, nodes: int, timeout_s: float, path: Path = PAIRS) -> None:
+    """Measure ``pairs`` alternating (exact, GNNPipe) pairs per model of :data:`PAIR_MODELS` on ``nodes`` nodes."""
+    from benchmarks.time_to_accuracy.bench import measure, spec
+
+    batch = datetime.datetime.now().isoformat(timespec="seconds")
+    for model in PAIR_MODELS:
+        for i in range(pairs):
+            for mode in ("exact", "gnnpipe"):
+                rec = {**measure(spec(nodes, model, mode, epochs=2), timeout_s), "batch": batch}
+                append_cache(path, rec)
+                print(f"pairs: {nodes:,} {model} {mode} pair {i + 1}: {rec['status']}", flush=True)
+
+
+def _epoch(rec: dict) -> Tuple[float, float]:
+    last = rec["epochs"][-1]
+    return last["train_s"], last["val_s"]
+
+
+def pair_lines(records: List[dict], epochs: Dict[Tuple[int, str], List[Tuple[int, int, int]]]) -> List[str]:
+    """Per batch, graph and model: the two modes' training and validation seconds (range), the medians' ratio of
+    epochs (train + validation) and the range of the pairs' ratios, the seconds to 99% of exact's best validation
+    accuracy against exact's (the medians' ratio times the accuracy runs' epochs to it), and the largest process's
+    peak USS.
+
+    Args:
+        records: The pair runs (:data:`PAIRS`).
+        epochs: ``(nodes, model) -> [(seed, GNNPipe's epochs to 99%, exact's)]`` from the accuracy runs.
+    """
+    groups: Dict[Tuple[str, int, str], Dict[str, List[dict]]] = {}
+    for rec in records:
+        if rec.get("status") == "ok":
+            s = rec["spec"]
+            key = (rec["batch"], s["graph"]["num_nodes"], s["model"])
+            groups.setdefault(key, {}).setdefault(s["mode"], []).append(rec)
+    lines = ["| batch | nodes | model | pairs | exact train + val s | GNNPipe train + val s | epoch ÷ exact (medians; "
+             "pairs) | s to 99% ÷ exact (≤ 0.7x; epochs: GNNPipe, exact) | peak USS, largest process: GNNPipe "
+             "(exact) |", "|---" * 9 + "|"]
+    for (batch, nodes, model), by_mode in sorted(groups.items()):
+        exact, pipe = by_mode.get("exact", []), by_mode.get("gnnpipe", [])
+        n = min(len(exact), len(pipe))
+        if not n:
+            continue
+        e, p = [_epoch(r) for r in exact[:n]], [_epoch(r) for r in pipe[:n]]
+        ratios = [sum(b) / sum(a) for a, b in zip(e, p)]
+        med = sum(statistics.median(x[i] for x in p) for i in (0, 1)) / sum(
+            statistics.median(x[i] for x in e) for i in (0, 1))
+
+        def span(rows: List[Tuple[float, float]]) -> str:
+            t, v = [r[0] for r in rows], [r[1] for r in rows]
+            return f"{min(t):.1f}-{max(t):.1f} + {min(v):.1f}-{max(v):.1f}"
+
+        def uss(recs: List[dict]) -> float:
+            return max(v["uss"] for r in recs for v in r["processes"].values()) / 2**30
+
+        to99 = "; ".join(f"seed {seed}: {med * g / x:.2f}x ({g}, {x})" for seed, g, x in epochs.get((nodes, model), [])
+                         if g and x) or "–"
+        lines.append(f"| {batch} | {nodes:,} | {model} | {n} | {span(e)} | {span(p)} | {med:.2f}x; "
+                     f"{min(ratios):.2f}x-{max(ratios):.2f}x | {to99} | {uss(pipe[:n]):.2f} ({uss(exact[:n]):.2f}) GiB |")
+    return lines
