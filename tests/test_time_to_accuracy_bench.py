@@ -97,7 +97,9 @@ def test_pair_lines_pair_each_exact_run_with_the_gnnpipe_run_after_it():
                 "epochs": [{"train_s": 99.0, "val_s": 99.0}, {"train_s": train, "val_s": val}],
                 "processes": {"main": {"uss": uss_gib * 2**30}}}
 
+    failed = {**rec("exact", 1.0, 1.0, 1.0), "status": "oom"}
     records = [rec("exact", 8.0, 2.0, 3.0), rec("gnnpipe", 5.0, 1.0, 1.5),  # pair 1: 6 / 10
+               failed, rec("gnnpipe", 70.0, 70.0, 9.0),  # its exact run failed: not a pair
                rec("exact", 9.0, 1.0, 2.5), rec("gnnpipe", 4.0, 3.0, 1.0),  # pair 2: 7 / 10
                rec("exact", 50.0, 50.0, 9.0)]  # no GNNPipe run after it: not a pair
     lines = pair_lines(records, {(300_000, "ressage8"): [(0, 30, 30), (1, 28, 30)]})

@@ -276,6 +276,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                    help="measure only these modes' runs")
     p.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per run")
     args = p.parse_args(argv)
+    if args.pairs < 1:
+        p.error(f"--pairs must be >= 1 (got {args.pairs})")
     parts = [] if args.page_only else args.only or ["calibration", "link", "spread", "tuning", "timing", "large",
                                                     "accuracy", "planner"]
     if "pairs" in parts:  # not cached: every call measures its pairs (benchmarks/time_to_accuracy/pairs.py)

@@ -136,14 +136,16 @@ SINCE = [
     "later session on a faster host, where the single process spent 31.7-32.7 of its 93-95 CPU seconds an epoch in "
     "the kernel, 1.6M minor page faults, and each GNNPipe rank 7.5-9.7 of 29-31) at "
     "1M, and 0.78x-0.79x with GraphSAGE-8 at 300k: on that host the 0.7x target is met, at best, at the line for "
-    "GCNII-16 and missed for GraphSAGE-8. On the later session's host ([alternating pairs](#alternating-pairs-a-later-session)) the "
+    "GCNII-16 and missed for GraphSAGE-8. On the later session's host ([alternating "
+    "pairs](#alternating-pairs-a-later-session)) the "
     "single process is the slower, and the target is met at 300k with both models (medians: 0.56x and 0.54x with "
     "GCNII-16, 0.64x with GraphSAGE-8, whose pairs range 0.59x-0.71x) and at 1M with GCNII-16, and missed at 1M with "
     "GraphSAGE-8 (0.76x, median of 3 pairs, with one epoch fewer than exact training: 29 against 30; training 0.69x, "
     "16.1 against 23.4 s, validation 1.33x, 5.7 against 4.3 s). There the single process spends a third of its CPU "
     "time in the kernel, faulting in fresh pages for its whole-graph tensors (1M GraphSAGE-8: 16.2-18.1 of 46-52 CPU "
     "seconds an epoch, 757k minor page faults; GNNPipe's ranks 5.8-7.7 of 18-22 each, 328k-415k; the worker's "
-    "`user_s`, `sys_s`, `minflt`), which that host makes dearer. Where the time goes, GCNII-16: GNNPipe's training step is "
+    "`user_s`, `sys_s`, `minflt`), which that host makes dearer. Where the time goes, GCNII-16: GNNPipe's "
+    "training step is "
     "0.53x the single process's at 300k (medians, 10.3 against 18.8 s) and 0.58x (40.0 against 69.0 s) at 1M "
     "(two processes on two cores: half the work each, and the pipeline's fill and drain of 1 / 9 of a step with "
     "K = 8), its pipelined exact validation 1.28x at 300k (4.0 against 3.2 s) and 1.12x (13.6 against 12.1 s) at 1M, "
@@ -299,9 +301,11 @@ FINDINGS = [
     "twice the pipelined forward's bytes (GraphSAGE-8 here): the stages' weights "
     "are copied to both ranks, each takes 4 of the 8 chunks, grouped so that they read each other's rows (at 300k "
     "26k and 27k halo rows, as few as a 2-way METIS cut's 33k and 24k), through all layers, and the ranks exchange "
-    "halo rows before each layer. On the free link its validation costs less than the single process's: 1.49 s "
-    "at 300k against exact's 2.04 s, and 5.92 s at 1M against 6.66 s; with the stages one after the other "
-    "(`evaluation=\"pipeline\"`) it took 2.75 and 11.64 s. Its cost is memory: each rank keeps its group's chunk "
+    "halo rows before each layer. In an earlier session, on the free link, its validation cost less than the single "
+    "process's: 1.49 s at 300k against exact's 2.04 s, and 5.92 s at 1M against 6.66 s; with the stages one after "
+    "the other (`evaluation=\"pipeline\"`) it took 2.75 and 11.64 s. The current code's runs measure it at "
+    "1.09x-1.33x the single process's (the first table and the pairs). Its cost is memory: each rank keeps its "
+    "group's chunk "
     "graph and computes a whole group's rows per layer; the largest 1M rank peaked at 3.84 GiB USS against 3.40 GiB. "
     "With GCNII-16 the pipelined forward sends `|V| x d` once (the graph-parallel way 2.83x that), so `\"auto\"` keeps "
     "it: 6.8 s on the free link against exact's 3.1 s, 11.6 s at 163 Mbit/s, 49.5 s at 16 Mbit/s (graph "
@@ -334,7 +338,8 @@ FINDINGS = [
     "(graph-parallel) 1.33x (5.5 against 4.1 s), so the time to 99% is 0.79x in that pair (0.71x-0.80x over the "
     "session's 3 pairs, [above](#alternating-pairs-a-later-session)): the 0.7x target is missed at this size with "
     "GraphSAGE-8. Graph parallelism (18.2 + 5.3 s) takes about GNNPipe's time per epoch on the free link. In an "
-    "earlier session on a slower host `refresh_every=0` took 19.70 s of training against exact's 32.98 s, 0.65x to 99%.",
+    "earlier session on a slower host `refresh_every=0` took 19.70 s of training against exact's 32.98 s, 0.65x to "
+    "99%.",
     "",
     "1M nodes, GCNII-16 (free link, one seed): with `refresh_every=1, halo_gradients=\"fresh\"` GNNPipe ends 0.46 "
     "points below exact training (test accuracy 0.7457 against 0.7503 at the best validation epoch; 99% of exact's "
@@ -430,7 +435,8 @@ PAIRS_INTRO = (
     "The exact single process and `GNNPipeStrategy()` one after the other, a 2-epoch fit each (the second epoch "
     "timed), several times in one session on a faster host than the table above's (`python -m "
     "benchmarks.time_to_accuracy.bench --only pairs --pairs 4`, records in `benchmarks/time_to_accuracy/pairs.jsonl`; "
-    "the 1M pairs, made alone on the machine as well, are also the 1M runs the accuracy table reads). Seconds to 99% "
+    "the 1M pairs, made alone on the machine as well, one run at a time through `bench.measure` in the same order, "
+    "are also the 1M runs the accuracy table reads). Seconds to 99% "
     "of exact's best validation accuracy: the medians' epoch ratio times the accuracy runs' epochs to it.")
 
 
@@ -574,17 +580,21 @@ was measured then, alone on the machine, so its rows and their split (free link 
 runs of different sessions or hosts. ``None``: each mode's latest run."""
 
 
-def link_runs(records: List[dict]) -> Tuple[Dict[tuple, dict], Dict[tuple, dict], Dict[tuple, dict]]:
-    """The runs the link table reads, the latest of each within :data:`LINK_SESSION` (300k, K = 8, with validation):
-    each mode's defaults and GPipe's (at most 3 epochs), keyed ``(model, rate_bits, mode)``, and
-    :data:`EXACT_FORWARD`'s (at most 4), keyed ``(model, rate_bits)``."""
+def link_runs(records: List[dict], session: Optional[Tuple[str, str]] = None,
+              ) -> Tuple[Dict[tuple, dict], Dict[tuple, dict], Dict[tuple, dict]]:
+    """The runs the link table reads, the latest of each (300k, K = 8, with validation): each mode's defaults and
+    GPipe's (at most 3 epochs), keyed ``(model, rate_bits, mode)``, and :data:`EXACT_FORWARD`'s (at most 4),
+    keyed ``(model, rate_bits)``. With ``session`` (start, end; e.g. :data:`LINK_SESSION` for the page's graph) the
+    defaults' and GPipe's runs are that session's where it has one of the key (a key it lacks: the latest run)."""
     runs: Dict[tuple, dict] = {}
     tuned: Dict[tuple, dict] = {}
     exact_forward: Dict[tuple, dict] = {}
-    for rec in records:
+    def order(r: dict) -> Tuple[bool, str]:  # the session's runs last (they win), each group oldest first
+        t = r.get("time", "")
+        return session is not None and session[0] <= t <= session[1], t
+
+    for rec in sorted(records, key=order):
         s = rec["spec"]
-        if LINK_SESSION is not None and not LINK_SESSION[0] <= rec.get("time", "") <= LINK_SESSION[1]:
-            continue
         if s["epochs"] <= 4 and s["validate"] and s["graph"]["num_nodes"] == 300_000 and s["chunks"] == 8 \
                 and s["mode"] in SHORT:
             if s.get("strategy") == EXACT_FORWARD:
@@ -610,7 +620,7 @@ def link_table(records: List[dict], derived: Dict[tuple, dict], rates: Dict[int,
              "hybrid) | planner: predicted training s / epoch (GNNPipe, GP), choice | measured faster training step |",
              "|---" * 11 + "|"]
     summary = []
-    runs, tuned, exact_forward = link_runs(records)
+    runs, tuned, exact_forward = link_runs(records, LINK_SESSION if graph == "page" else None)
     exact_key = mode_key({"mode": "gnnpipe", "chunks": 8, "strategy": EXACT_FORWARD})
     for model in ("ressage8", "gcnii16"):
         for rate, name in by_rate.items():
@@ -864,7 +874,8 @@ def answer(derived: Dict[tuple, dict], summary: List[dict], rates: Dict[int, dic
            "meet at a few connector nodes, and the spread graph, whose long-range edges touch every node), 2 "
            "processes on a 2-core CPU; epoch = training step + exact full-graph validation; link rates stand for "
            "GPUs joined by the named link (derivation at the end). Accuracy below it also at 1M nodes.", "",
-           "| graph | model | link | GNNPipe s / epoch | graph parallel s / epoch | GP ÷ GNNPipe (≥ 1.58 at 100 Gbit/s, "
+           "| graph | model | link | GNNPipe s / epoch | graph parallel s / epoch | GP ÷ GNNPipe (≥ 1.58 at "
+           "100 Gbit/s, "
            "16 layers) | bytes GP ÷ GNNPipe (≥ 5) | planner's choice (✓: its training step within 10% of the faster) | "
            "measured faster epoch |", "|---" * 9 + "|"]
     for row in summary:

@@ -6,7 +6,9 @@ session, so that their ratio is not a ratio of two hosts or two moods of one hos
 Each pair is two 2-epoch fits with validation (the second epoch timed), exact first, for residual GraphSAGE-8 and
 GCNII-16; every record goes to ``benchmarks/time_to_accuracy/pairs.jsonl`` with ``batch`` (the start of the call),
 not to ``runs.jsonl``, whose link table reads one session's runs of each mode. The page's table of pairs
-(:func:`pair_lines`) gives per batch the medians and the range of the pairs' ratios.
+(:func:`pair_lines`) gives per batch the medians and the range of the pairs' ratios. The first batch's 1M rows
+(``2026-12-06T16:50:59``) were assembled from that session's 1M runs, made one by one through
+:func:`~benchmarks.time_to_accuracy.bench.measure` in the same order (exact, then GNNPipe), not by one call.
 """
 
 from __future__ import annotations
@@ -23,8 +25,15 @@ PAIR_MODELS = ("ressage8", "gcnii16")
 
 
 def run_pairs(pairs: int, nodes: int, timeout_s: float, path: Path = PAIRS) -> None:
-    """Measure ``pairs`` alternating (exact, GNNPipe) pairs per model of :data:`PAIR_MODELS` on ``nodes`` nodes."""
+    """Measure ``pairs`` alternating (exact, GNNPipe) pairs per model of :data:`PAIR_MODELS` on ``nodes`` nodes.
+
+    Raises:
+        ValueError: ``pairs`` < 1.
+    """
     from benchmarks.time_to_accuracy.bench import measure, spec
+
+    if pairs < 1:
+        raise ValueError(f"run_pairs: `pairs` must be >= 1 (got {pairs}).")
 
     batch = datetime.datetime.now().isoformat(timespec="seconds")
     for model in PAIR_MODELS:
@@ -51,11 +60,17 @@ def pair_lines(records: List[dict], epochs: Dict[Tuple[int, str], List[Tuple[int
         epochs: ``(nodes, model) -> [(seed, GNNPipe's epochs to 99%, exact's)]`` from the accuracy runs.
     """
     groups: Dict[Tuple[str, int, str], Dict[str, List[dict]]] = {}
-    for rec in records:
-        if rec.get("status") == "ok":
-            s = rec["spec"]
-            key = (rec["batch"], s["graph"]["num_nodes"], s["model"])
-            groups.setdefault(key, {}).setdefault(s["mode"], []).append(rec)
+    before: Dict[Tuple[str, int, str], dict] = {}  # each group's previous record, of any status
+    for rec in records:  # a pair: an ok exact run and the ok GNNPipe run right after it in its group
+        s = rec["spec"]
+        key = (rec["batch"], s["graph"]["num_nodes"], s["model"])
+        last = before.get(key)
+        if (s["mode"] == "gnnpipe" and rec.get("status") == "ok" and last is not None
+                and last["spec"]["mode"] == "exact" and last.get("status") == "ok"):
+            pair = groups.setdefault(key, {})
+            pair.setdefault("exact", []).append(last)
+            pair.setdefault("gnnpipe", []).append(rec)
+        before[key] = rec
     lines = ["| batch | nodes | model | pairs | exact train + val s | GNNPipe train + val s | epoch ÷ exact (medians; "
              "pairs) | s to 99% ÷ exact (≤ 0.7x; epochs: GNNPipe, exact) | peak USS, largest process: GNNPipe "
              "(exact) |", "|---" * 9 + "|"]
@@ -79,5 +94,6 @@ def pair_lines(records: List[dict], epochs: Dict[Tuple[int, str], List[Tuple[int
         to99 = "; ".join(f"seed {seed}: {med * g / x:.2f}x ({g}, {x})" for seed, g, x in epochs.get((nodes, model), [])
                          if g and x) or "–"
         lines.append(f"| {batch} | {nodes:,} | {model} | {n} | {span(e)} | {span(p)} | {med:.2f}x; "
-                     f"{min(ratios):.2f}x-{max(ratios):.2f}x | {to99} | {uss(pipe[:n]):.2f} ({uss(exact[:n]):.2f}) GiB |")
+                     f"{min(ratios):.2f}x-{max(ratios):.2f}x | {to99} | {uss(pipe[:n]):.2f} ({uss(exact[:n]):.2f}) "
+                     "GiB |")
     return lines

@@ -118,9 +118,9 @@ def planner_paragraph(records: List[dict], planner: Dict[tuple, dict], graph: Gr
     """The page's account of the planner against the GCNII-16 runs: its free-link estimates beside the measured
     training steps, where the difference goes (bubble, waits), what the chunk times change, and the training step
     against the epoch at the fastest emulated rate; every figure read from the records and :data:`CHUNK_SECONDS`."""
-    from benchmarks.time_to_accuracy.page import link_runs, ok, timed
+    from benchmarks.time_to_accuracy.page import LINK_SESSION, link_runs, ok, timed
 
-    runs = link_runs(records)[0]
+    runs = link_runs(records, LINK_SESSION)[0]
     pred, scaled = planner.get(("gcnii16", None)), planner.get(("gcnii16", "scaled"))
     pipe, gp = (runs.get(("gcnii16", None, mode)) for mode in ("gnnpipe", "graph_parallel"))
     if not pred or not ok(pipe) or not ok(gp):

@@ -18,8 +18,8 @@ arguments of the strategy). Modes:
 Writes ``DIR/result.json``: per epoch the training seconds (the step and Lightning's loop, without validation),
 validation seconds, validation and test accuracy of the exact full-graph forward, training loss and bytes sent
 (all ranks, the training step), CPU seconds in user and kernel mode and minor page faults over the epoch with its
-validation (``user_s``, ``sys_s``, ``minflt``: rank 0's, and every rank's in ``ranks_cpu``); setup seconds; and from every process ``DIR/mem_<role>.json`` (peak USS / PSS /
-RSS and ``VmHWM``, :mod:`benchmarks.harness.memory`).
+validation (``user_s``, ``sys_s``, ``minflt``: rank 0's, and every rank's in ``ranks_cpu``); setup seconds; and
+from every process ``DIR/mem_<role>.json`` (peak USS / PSS / RSS and ``VmHWM``, :mod:`benchmarks.harness.memory`).
 """
 
 from __future__ import annotations
