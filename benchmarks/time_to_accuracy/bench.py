@@ -55,10 +55,10 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.harness.memory import GIB, read_process_peaks  # noqa: E402
 from benchmarks.harness.process import classify, log_tail, run_watched  # noqa: E402
 from benchmarks.harness.records import append_cache, cache_key, git_info, host_info, load_cache  # noqa: E402
-from benchmarks.time_to_accuracy.pairs import PAIRS, run_pairs  # noqa: E402
 from benchmarks.time_to_accuracy.graph import GraphSpec  # noqa: E402
 from benchmarks.time_to_accuracy.link import LinkUnavailable, shaped_loopback  # noqa: E402
 from benchmarks.time_to_accuracy.page import EXACT_FORWARD  # noqa: E402
+from benchmarks.time_to_accuracy.pairs import PAIR_MODELS, PAIRS  # noqa: E402
 from benchmarks.time_to_accuracy.rates import derived_rates, median  # noqa: E402
 
 CACHE = Path(__file__).resolve().parent / "runs.jsonl"
@@ -237,6 +237,24 @@ def measure(s: dict, timeout_s: float) -> dict:
     if rec["status"] != "ok":
         rec["error_tail"] = tail
     return rec
+
+
+def run_pairs(pairs: int, nodes: int, timeout_s: float, path: Path = PAIRS) -> None:
+    """Measure ``pairs`` alternating (exact, GNNPipe) pairs per model of :data:`PAIR_MODELS` on ``nodes`` nodes.
+
+    Raises:
+        ValueError: ``pairs`` < 1.
+    """
+    if pairs < 1:
+        raise ValueError(f"run_pairs: `pairs` must be >= 1 (got {pairs}).")
+
+    batch = datetime.datetime.now().isoformat(timespec="seconds")
+    for model in PAIR_MODELS:
+        for i in range(pairs):
+            for mode in ("exact", "gnnpipe"):
+                rec = {**measure(spec(nodes, model, mode, epochs=2), timeout_s), "batch": batch}
+                append_cache(path, rec)
+                print(f"pairs: {nodes:,} {model} {mode} pair {i + 1}: {rec['status']}", flush=True)
 
 
 def run(parts: List[str], force: bool, timeout_s: float, cache: Path = CACHE,

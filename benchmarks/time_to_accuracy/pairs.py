@@ -3,8 +3,9 @@ session, so that their ratio is not a ratio of two hosts or two moods of one hos
 
     python -m benchmarks.time_to_accuracy.bench --only pairs [--pairs 4] [--nodes 300000]
 
-Each pair is two 2-epoch fits with validation (the second epoch timed), exact first, for residual GraphSAGE-8 and
-GCNII-16; every record goes to ``benchmarks/time_to_accuracy/pairs.jsonl`` with ``batch`` (the start of the call),
+Each pair (:func:`~benchmarks.time_to_accuracy.bench.run_pairs`) is two 2-epoch fits with validation (the second
+epoch timed), exact first, for residual GraphSAGE-8 and GCNII-16; every record goes to
+``benchmarks/time_to_accuracy/pairs.jsonl`` with ``batch`` (the start of the call),
 not to ``runs.jsonl``, whose link table reads one session's runs of each mode. The page's table of pairs
 (:func:`pair_lines`) gives per batch the medians and the range of the pairs' ratios. The first batch's 1M rows
 (``2026-12-06T16:50:59``) were assembled from that session's 1M runs, made one by one through
@@ -13,35 +14,13 @@ not to ``runs.jsonl``, whose link table reads one session's runs of each mode. T
 
 from __future__ import annotations
 
-import datetime
 import statistics
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from benchmarks.harness.records import append_cache
-
 PAIRS = Path(__file__).resolve().parent / "pairs.jsonl"
 PAIR_MODELS = ("ressage8", "gcnii16")
-
-
-def run_pairs(pairs: int, nodes: int, timeout_s: float, path: Path = PAIRS) -> None:
-    """Measure ``pairs`` alternating (exact, GNNPipe) pairs per model of :data:`PAIR_MODELS` on ``nodes`` nodes.
-
-    Raises:
-        ValueError: ``pairs`` < 1.
-    """
-    from benchmarks.time_to_accuracy.bench import measure, spec
-
-    if pairs < 1:
-        raise ValueError(f"run_pairs: `pairs` must be >= 1 (got {pairs}).")
-
-    batch = datetime.datetime.now().isoformat(timespec="seconds")
-    for model in PAIR_MODELS:
-        for i in range(pairs):
-            for mode in ("exact", "gnnpipe"):
-                rec = {**measure(spec(nodes, model, mode, epochs=2), timeout_s), "batch": batch}
-                append_cache(path, rec)
-                print(f"pairs: {nodes:,} {model} {mode} pair {i + 1}: {rec['status']}", flush=True)
+"""The models of each batch, in this order (:func:`~benchmarks.time_to_accuracy.bench.run_pairs`)."""
 
 
 def _epoch(rec: dict) -> Tuple[float, float]:
