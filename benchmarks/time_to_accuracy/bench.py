@@ -240,7 +240,8 @@ def measure(s: dict, timeout_s: float) -> dict:
 
 
 def run_pairs(pairs: int, nodes: int, timeout_s: float, path: Path = PAIRS) -> None:
-    """Measure ``pairs`` alternating (exact, GNNPipe) pairs per model of :data:`PAIR_MODELS` on ``nodes`` nodes.
+    """Measure ``pairs`` alternating (exact, GNNPipe) pairs per model of :data:`PAIR_MODELS` on ``nodes`` nodes,
+    each run at most ``timeout_s`` seconds, appending every record (with ``batch``, this call's start) to ``path``.
 
     Raises:
         ValueError: ``pairs`` < 1.
@@ -286,20 +287,25 @@ def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", nargs="+", choices=["calibration", "tuning", "accuracy", "timing", "link", "large",
                                                  "spread", "planner", "pairs"])
-    p.add_argument("--pairs", type=int, default=4, help="with --only pairs: alternating pairs per model")
-    p.add_argument("--nodes", type=int, default=SMALL, help="with --only pairs: the graph's nodes")
+    p.add_argument("--pairs", type=int, help="with --only pairs: alternating pairs per model (default 4)")
+    p.add_argument("--nodes", type=int, help=f"with --only pairs: the graph's nodes (default {SMALL})")
     p.add_argument("--page-only", action="store_true")
     p.add_argument("--force", action="store_true")
     p.add_argument("--modes", nargs="+", choices=["exact", "gnnpipe", "graph_parallel", "hybrid", "mlp"],
                    help="measure only these modes' runs")
     p.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per run")
     args = p.parse_args(argv)
-    if args.pairs < 1:
-        p.error(f"--pairs must be >= 1 (got {args.pairs})")
+    if (args.pairs is not None or args.nodes is not None) and "pairs" not in (args.only or []):
+        p.error("--pairs and --nodes belong to --only pairs (got them without it)")
+    pairs, nodes = (4 if args.pairs is None else args.pairs), (SMALL if args.nodes is None else args.nodes)
+    if pairs < 1:
+        p.error(f"--pairs must be >= 1 (got {pairs})")
+    if nodes < GraphSpec().community_size:
+        p.error(f"--nodes must be at least one community, {GraphSpec().community_size} nodes (got {nodes})")
     parts = [] if args.page_only else args.only or ["calibration", "link", "spread", "tuning", "timing", "large",
                                                     "accuracy", "planner"]
     if "pairs" in parts:  # not cached: every call measures its pairs (benchmarks/time_to_accuracy/pairs.py)
-        run_pairs(args.pairs, args.nodes, args.timeout)
+        run_pairs(pairs, nodes, args.timeout)
     runs = [part for part in parts if part not in ("planner", "pairs")]
     if runs:
         run(runs, args.force, args.timeout, modes=args.modes)

@@ -37,6 +37,10 @@ def pair_lines(records: List[dict], epochs: Dict[Tuple[int, str], List[Tuple[int
     Args:
         records: The pair runs (:data:`PAIRS`).
         epochs: ``(nodes, model) -> [(seed, GNNPipe's epochs to 99%, exact's)]`` from the accuracy runs.
+
+    Returns:
+        Markdown table lines: a header, a rule, a row per batch, graph and model with at least one pair (seconds;
+        GiB of peak USS). Raises nothing for records without pairs (they are left out).
     """
     groups: Dict[Tuple[str, int, str], Dict[str, List[dict]]] = {}
     before: Dict[Tuple[str, int, str], dict] = {}  # each group's previous record, of any status
