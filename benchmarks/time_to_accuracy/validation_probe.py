@@ -125,16 +125,18 @@ def fit_probe(allocator: str = "default") -> None:
     from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule
     from lightning_gnnpipe.pipeline import runtime, stage
 
+    from benchmarks.time_to_accuracy.worker import cpu_since
+
     seconds = {}
 
     def timed(name, fn):
         def wrapper(*args, **kwargs):
             t0, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
             out = fn(*args, **kwargs)
-            end = resource.getrusage(resource.RUSAGE_SELF)
+            used = cpu_since(cpu)
             seconds.setdefault(name, []).append(round(time.perf_counter() - t0, 2))
             seconds.setdefault(name + " user/kernel CPU s", []).append(
-                (round(end.ru_utime - cpu.ru_utime, 2), round(end.ru_stime - cpu.ru_stime, 2)))
+                (round(used["user_s"], 2), round(used["sys_s"], 2)))
             return out
         return wrapper
 
