@@ -141,7 +141,8 @@ SINCE = [
     "single process is the slower, and the target is met at 300k with both models (medians: 0.56x and 0.54x with "
     "GCNII-16, 0.64x with GraphSAGE-8, whose pairs range 0.59x-0.71x) and at 1M with GCNII-16, and missed at 1M with "
     "GraphSAGE-8 (0.76x, median of 3 pairs, with one epoch fewer than exact training: 29 against 30; training 0.69x, "
-    "16.1 against 23.4 s, validation 1.33x, 5.7 against 4.3 s). There the single process spends a third of its CPU "
+    "16.1 against 23.4 s, validation 1.33x, 5.7 against 4.3 s; 0.84x in 2 later pairs on this page's latest host, "
+    "training 0.77x, validation 1.40x). There the single process spends a third of its CPU "
     "time in the kernel, faulting in fresh pages for its whole-graph tensors (1M GraphSAGE-8: 16.2-18.1 of 46-52 CPU "
     "seconds an epoch, 757k minor page faults; GNNPipe's ranks 5.8-7.7 of 18-22 each, 328k-415k; the worker's "
     "`user_s`, `sys_s`, `minflt`), which that host makes dearer. Where the time goes, GCNII-16: GNNPipe's "
@@ -360,7 +361,11 @@ FINDINGS = [
     "rose from 1.45 to 2.04 GiB and from 1.90 to 2.77 GiB. With the same epochs to accuracy, that epoch would reach "
     "99% of exact's best validation accuracy at 300k in (3.96 + 1.38) / (6.60 + 2.04) = 0.62x exact's seconds "
     "(target 0.7x; 0.78x with the defaults). With GCNII-16 on the page's graph the defaults' epoch went from 7.5 + "
-    "6.8 s to 5.7 + 3.4 s and the largest rank's peak USS from 1.59 to 2.95 GiB.",
+    "6.8 s to 5.7 + 3.4 s and the largest rank's peak USS from 1.59 to 2.95 GiB. At 1M nodes glibc's heap loses on "
+    "both counts (GraphSAGE-8, one run beside the defaults' on a later host, records in `runs.jsonl` and "
+    "`pairs.jsonl`, batch 2026-12-06T18:35:25): 22.75 + 5.47 s an epoch against 16.83 + 6.14 s, the largest rank at "
+    "5.45 against 3.77 GiB peak USS, its ranks faulting in 2.6M and 3.9M pages an epoch against 0.39M and 0.30M (no "
+    "huge pages) and one of them spending 12.1 s in the kernel against 6.9 s.",
 ]
 
 
