@@ -312,6 +312,17 @@ FINDINGS = [
     "it: 6.8 s on the free link against exact's 3.1 s, 11.6 s at 163 Mbit/s, 49.5 s at 16 Mbit/s (graph "
     "parallelism's validation there: 117.3 s).",
     "",
+    "Why the graph-parallel evaluation does not beat the single process on this host (`python -m "
+    "benchmarks.time_to_accuracy.validation_probe --part threads`): the single process's exact forward of "
+    "GraphSAGE-8 at 1M takes 9.95-13.19 s on one thread and 4.47-6.42 s on two (the medians' ratio 2.28x; 2.05x in "
+    "a second call, 11.8 against 5.8 s), so one thread computing half the rows needs about what two threads need for "
+    "all of them. Each graph-parallel rank computes its half of the rows (and normalises its halo's) on one core: "
+    "5.5-6.1 s at 1M in the fits, against exact's 4.0-4.5 s after its training step. Validation at the single "
+    "process's cost or below needs one core to do half the work in half the time, which this host's two cores do not "
+    "give; training does better because the pipeline's chunks keep each rank's working set small (each rank's "
+    "compute, 12.2-16.3 s a step on one core in the 1M GraphSAGE-8 pairs, is 0.5x-0.7x the single process's "
+    "21.8-25.0 s on two; their bubble and waits add 1.3-3.0 s).",
+    "",
     "Why the stages one after the other are slower than one process (`python -m "
     "benchmarks.time_to_accuracy.validation_probe --part fit [--allocator glibc]`, GraphSAGE-8 at 300k, three "
     "`Trainer.validate` calls, `evaluation=\"pipeline\"`): a waiting rank costs nothing (0.00 s of CPU over a 2.00 s "

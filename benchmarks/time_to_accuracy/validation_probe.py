@@ -4,6 +4,7 @@
     python -m benchmarks.time_to_accuracy.validation_probe --model gcnii16  # probe 2 with GCNII-16
     python -m benchmarks.time_to_accuracy.validation_probe --part fit  # probe 3
     python -m benchmarks.time_to_accuracy.validation_probe --part fit --allocator glibc  # probe 3, glibc's heap
+    python -m benchmarks.time_to_accuracy.validation_probe --part threads [--nodes 1000000]  # probe 4
 
 1. A rank waiting in gloo's ``recv`` while the other computes with 2 threads: its CPU seconds (does waiting cost a
    core the computing stage could use?).
@@ -16,6 +17,9 @@
    runs with the strategy's allocator settings (torch's transparent huge pages, a 16 MiB glibc mmap threshold);
    ``--allocator glibc`` starts it with neither (``huge_pages=False, heap_mmap_threshold=None``). Rank 0 is the
    process that calls ``validate``, which the strategy never changes.
+4. The single process's exact forward of residual GraphSAGE-8 (the benchmark's ``exact`` mode: whole-graph CSR,
+   torch's transparent huge pages) on 1 and on 2 intra-op threads, alternating, 3 calls each time: what one thread
+   does in the time of two (graph-parallel evaluation gives each of 2 ranks half the rows and one core).
 """
 
 from __future__ import annotations
@@ -154,8 +158,33 @@ def fit_probe(allocator: str = "default") -> None:
     print(f"fit probe ({allocator} allocator): rank {trainer.global_rank}: {json.dumps(seconds)}", flush=True)
 
 
+def threads_probe(nodes: int) -> None:
+    from benchmarks.time_to_accuracy.graph import GraphSpec, community_graph
+    from benchmarks.time_to_accuracy.models import build_model
+    from benchmarks.time_to_accuracy.worker import exact_adjacency
+
+    data = community_graph(GraphSpec(num_nodes=nodes))
+    model = build_model("ressage8", data.num_features, int(data.y.max()) + 1, 0).eval()
+    csr = exact_adjacency(model, "ressage8", data)
+    seconds: dict = {1: [], 2: []}
+    with torch.no_grad():
+        model(data.x, csr)
+        for threads in (2, 1, 2, 1):
+            torch.set_num_threads(threads)
+            seconds[threads] += [_median(lambda: model(data.x, csr), reps=1) for _ in range(3)]
+    one, two = statistics.median(seconds[1]), statistics.median(seconds[2])
+    print(f"threads probe ({nodes:,} nodes, ressage8, exact forward): 1 thread {min(seconds[1]):.2f}-"
+          f"{max(seconds[1]):.2f} s, 2 threads {min(seconds[2]):.2f}-{max(seconds[2]):.2f} s; medians' ratio "
+          f"{one / two:.2f}x", flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:3] == ["--part", "fit"]:
+    if sys.argv[1:3] == ["--part", "threads"]:
+        if os.environ.get("THP_MEM_ALLOC_ENABLE") != "1":  # torch reads it at start: the exact mode's setting
+            os.execve(sys.executable, [sys.executable, "-m", "benchmarks.time_to_accuracy.validation_probe",
+                                       *sys.argv[1:]], {**os.environ, "THP_MEM_ALLOC_ENABLE": "1"})
+        threads_probe(int(sys.argv[4]) if sys.argv[3:4] == ["--nodes"] else 1_000_000)
+    elif sys.argv[1:3] == ["--part", "fit"]:
         fit_probe("glibc" if sys.argv[3:] == ["--allocator", "glibc"] else "default")
     elif sys.argv[1:2] == ["--model"]:
         forward_probe(sys.argv[2])
