@@ -3,7 +3,7 @@
     python -m benchmarks.time_to_accuracy.bench              # measure what the cache lacks, then write the page
     python -m benchmarks.time_to_accuracy.bench --page-only  # the page from the cache alone
     python -m benchmarks.time_to_accuracy.bench --only accuracy|tuning|calibration|link|timing|large|spread|planner
-    python -m benchmarks.time_to_accuracy.bench --only pairs [--pairs 4] [--nodes 300000]  # alternating pairs
+    python -m benchmarks.time_to_accuracy.bench --only pairs [--pairs 4] [--nodes 300000 | --spread]  # pairs
 
 Every run is one worker process (:mod:`benchmarks.time_to_accuracy.worker`) watched for the machine's memory, its
 record appended to ``benchmarks/time_to_accuracy/runs.jsonl`` (``--force`` re-measures). Parts:
@@ -58,7 +58,7 @@ from benchmarks.harness.records import append_cache, cache_key, git_info, host_i
 from benchmarks.time_to_accuracy.graph import GraphSpec  # noqa: E402
 from benchmarks.time_to_accuracy.link import LinkUnavailable, shaped_loopback  # noqa: E402
 from benchmarks.time_to_accuracy.page import EXACT_FORWARD  # noqa: E402
-from benchmarks.time_to_accuracy.pairs import PAIR_MODELS, PAIRS  # noqa: E402
+from benchmarks.time_to_accuracy.pairs import PAIR_MODELS, PAIRS, SPREAD_VARIANTS  # noqa: E402
 from benchmarks.time_to_accuracy.rates import derived_rates, median  # noqa: E402
 
 CACHE = Path(__file__).resolve().parent / "runs.jsonl"
@@ -239,9 +239,11 @@ def measure(s: dict, timeout_s: float) -> dict:
     return rec
 
 
-def run_pairs(pairs: int, nodes: int, timeout_s: float, path: Path = PAIRS) -> None:
+def run_pairs(pairs: int, nodes: int, timeout_s: float, path: Path = PAIRS, spread: bool = False) -> None:
     """Measure ``pairs`` alternating (exact, GNNPipe) pairs per model of :data:`PAIR_MODELS` on ``nodes`` nodes,
     each run at most ``timeout_s`` seconds, appending every record (with ``batch``, this call's start) to ``path``.
+    With ``spread``: residual GraphSAGE-8 on :data:`SPREAD` (``nodes`` ignored), each pair followed by GNNPipe with
+    each of :data:`~benchmarks.time_to_accuracy.pairs.SPREAD_VARIANTS`.
 
     Raises:
         ValueError: ``pairs`` < 1.
@@ -250,12 +252,18 @@ def run_pairs(pairs: int, nodes: int, timeout_s: float, path: Path = PAIRS) -> N
         raise ValueError(f"run_pairs: `pairs` must be >= 1 (got {pairs}).")
 
     batch = datetime.datetime.now().isoformat(timespec="seconds")
-    for model in PAIR_MODELS:
+    graph = SPREAD.as_dict() if spread else None
+    runs = [("exact", None), ("gnnpipe", None)] + [("gnnpipe", v) for v in (SPREAD_VARIANTS if spread else ())]
+    for model in ("ressage8",) if spread else PAIR_MODELS:
         for i in range(pairs):
-            for mode in ("exact", "gnnpipe"):
-                rec = {**measure(spec(nodes, model, mode, epochs=2), timeout_s), "batch": batch}
+            for mode, options in runs:
+                s = spec(SMALL if spread else nodes, model, mode, epochs=2, strategy=options)
+                if graph is not None:
+                    s["graph"] = graph
+                rec = {**measure(s, timeout_s), "batch": batch}
                 append_cache(path, rec)
-                print(f"pairs: {nodes:,} {model} {mode} pair {i + 1}: {rec['status']}", flush=True)
+                print(f"pairs: {s['graph']['num_nodes']:,} {'spread ' if spread else ''}{model} {mode}"
+                      f"{'' if options is None else f' {options}'} pair {i + 1}: {rec['status']}", flush=True)
 
 
 def run(parts: List[str], force: bool, timeout_s: float, cache: Path = CACHE,
@@ -289,14 +297,18 @@ def main(argv: Optional[List[str]] = None) -> None:
                                                  "spread", "planner", "pairs"])
     p.add_argument("--pairs", type=int, help="with --only pairs: alternating pairs per model (default 4)")
     p.add_argument("--nodes", type=int, help=f"with --only pairs: the graph's nodes (default {SMALL})")
+    p.add_argument("--spread", action="store_true", help="with --only pairs: GraphSAGE-8 on the spread graph, with "
+                   "GNNPipe's allocator variants after each pair")
     p.add_argument("--page-only", action="store_true")
     p.add_argument("--force", action="store_true")
     p.add_argument("--modes", nargs="+", choices=["exact", "gnnpipe", "graph_parallel", "hybrid", "mlp"],
                    help="measure only these modes' runs")
     p.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per run")
     args = p.parse_args(argv)
-    if (args.pairs is not None or args.nodes is not None) and "pairs" not in (args.only or []):
-        p.error("--pairs and --nodes belong to --only pairs (got them without it)")
+    if (args.pairs is not None or args.nodes is not None or args.spread) and "pairs" not in (args.only or []):
+        p.error("--pairs, --nodes and --spread belong to --only pairs (got them without it)")
+    if args.spread and args.nodes is not None:
+        p.error(f"--spread runs the {SMALL:,}-node spread graph; leave out --nodes")
     pairs, nodes = (4 if args.pairs is None else args.pairs), (SMALL if args.nodes is None else args.nodes)
     if pairs < 1:
         p.error(f"--pairs must be >= 1 (got {pairs})")
@@ -305,7 +317,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parts = [] if args.page_only else args.only or ["calibration", "link", "spread", "tuning", "timing", "large",
                                                     "accuracy", "planner"]
     if "pairs" in parts:  # not cached: every call measures its pairs (benchmarks/time_to_accuracy/pairs.py)
-        run_pairs(pairs, nodes, args.timeout)
+        run_pairs(pairs, nodes, args.timeout, spread=args.spread)
     runs = [part for part in parts if part not in ("planner", "pairs")]
     if runs:
         run(runs, args.force, args.timeout, modes=args.modes)

@@ -321,7 +321,7 @@ FINDINGS = [
     "process's cost or below needs one core to do half the work in half the time, which this host's two cores do not "
     "give; training does better because the pipeline's chunks keep each rank's working set small (each rank's "
     "compute, 12.2-16.3 s a step on one core in the 1M GraphSAGE-8 pairs, is 0.5x-0.7x the single process's "
-    "21.8-25.0 s on two; their bubble and waits add 1.3-3.0 s).",
+    "21.8-25.0 s on two; their bubble and waits add 1.7-3.0 s).",
     "",
     "Why the stages one after the other are slower than one process (`python -m "
     "benchmarks.time_to_accuracy.validation_probe --part fit [--allocator glibc]`, GraphSAGE-8 at 300k, three "
@@ -453,7 +453,9 @@ PAIRS_INTRO = (
     "benchmarks.time_to_accuracy.bench --only pairs --pairs 4`, records in `benchmarks/time_to_accuracy/pairs.jsonl`; "
     "the 1M pairs, made alone on the machine as well, one run at a time through `bench.measure` in the same order, "
     "are also the 1M runs the accuracy table reads). Seconds to 99% "
-    "of exact's best validation accuracy: the medians' epoch ratio times the accuracy runs' epochs to it.")
+    "of exact's best validation accuracy: the medians' epoch ratio times the accuracy runs' epochs to it. Rows on "
+    "the spread graph (`--only pairs --spread`, GraphSAGE-8) also compare GNNPipe under two allocator settings, run "
+    "after each pair, with that pair's exact run.")
 
 
 def pair_epochs(derived: Dict[tuple, dict]) -> Dict[Tuple[int, str], List[Tuple[int, int, int]]]:
@@ -723,7 +725,14 @@ SPREAD_INTRO = (
     "on the free link is 1.76x exact's); the planner, timing the chunks, picks graph parallelism there. The cause "
     "is not pinned down: the 8 chunks' halos hold 2.4 |V| rows against 0.94 |V| on "
     "the page's graph, but fewer chunks, with smaller halos, do not shorten the training step (K = 2: 0.81 |V| halo "
-    "rows, 10.12 s; K = 4: 1.7 |V|, 10.85 s; K = 8: 9.28 s; 2 epochs, second timed). GCNII-16's accuracy gap is "
+    "rows, 10.12 s; K = 4: 1.7 |V|, 10.85 s; K = 8: 9.28 s; 2 epochs, second timed). On a later host, alternating "
+    "with the single process ([pairs](#alternating-pairs-a-later-session), `--only pairs --spread`), GNNPipe's "
+    "defaults take the single process's time per epoch (7.1-7.5 + 2.1 s against 7.6-8.1 + 1.5-1.7 s, 1.00x), and "
+    "part of their cost is fresh memory for the chunks' local rows (about 32 MB each here, above the ranks' 16 MiB "
+    "mmap threshold): with glibc's largest threshold (`GNNPipeStrategy(heap_mmap_threshold=32 * 2**20)`) they come "
+    "from the heap and the training step takes 6.3 s (the epoch 0.87x the single process's) at 2.61 against 2.12 "
+    "GiB peak USS on the largest rank; glibc's own heap without huge pages 7.2-7.4 s at 3.27 GiB. GCNII-16's "
+    "accuracy gap is "
     "larger here with the defaults (-9.51 points, one seed); with `refresh_every=1, halo_gradients=\"fresh\"` it is "
     "-0.23.")
 
