@@ -376,7 +376,11 @@ FINDINGS = [
     "both counts (GraphSAGE-8, one run beside the defaults' on a later host, records in `runs.jsonl` and "
     "`pairs.jsonl`, batch 2026-12-06T18:35:25): 22.75 + 5.47 s an epoch against 16.83 + 6.14 s, the largest rank at "
     "5.45 against 3.77 GiB peak USS, its ranks faulting in 2.6M and 3.9M pages an epoch against 0.39M and 0.30M (no "
-    "huge pages) and one of them spending 12.1 s in the kernel against 6.9 s.",
+    "huge pages) and one of them spending 12.1 s in the kernel against 6.9 s. glibc's largest mmap threshold "
+    "(`heap_mmap_threshold=32 * 2**20`, huge pages kept; batch 2026-12-06T19:28:22 of `pairs.jsonl`, alternating "
+    "with the defaults twice) shortens the 1M training step by 4-7% (15.75 and 16.29 s against 16.8 and 16.99 s; "
+    "validation 5.54 and 6.28 s against 5.76 and 7.03 s; kernel time 4.6-6.1 s a rank against 6.7-7.8 s) at 4.7 "
+    "against 3.76 GiB peak USS on the largest rank: the defaults keep the memory.",
 ]
 
 

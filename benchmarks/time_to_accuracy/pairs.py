@@ -11,7 +11,9 @@ not to ``runs.jsonl``, whose link table reads one session's runs of each mode. T
 (``2026-12-06T16:50:59``) were assembled from that session's 1M runs, made one by one through
 :func:`~benchmarks.time_to_accuracy.bench.measure` in the same order (exact, then GNNPipe), not by one call; so were
 those of batch ``2026-12-06T18:35:25`` (1M GraphSAGE-8, with a run of :data:`~benchmarks.time_to_accuracy.bench.
-GLIBC_HEAP` after the first pair's GNNPipe run, kept in ``runs.jsonl``).
+GLIBC_HEAP` after the first pair's GNNPipe run, kept in ``runs.jsonl``). Batch ``2026-12-06T19:28:22`` holds no
+pair: GNNPipe's defaults and ``heap_mmap_threshold=32 * 2**20`` alternating twice (1M GraphSAGE-8, made the same way),
+quoted on the page.
 
     python -m benchmarks.time_to_accuracy.bench --only pairs --spread [--pairs 2]
 
