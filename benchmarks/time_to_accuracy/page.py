@@ -351,7 +351,11 @@ FINDINGS = [
     "session's 3 pairs, [above](#alternating-pairs-a-later-session)): the 0.7x target is missed at this size with "
     "GraphSAGE-8. Graph parallelism (18.2 + 5.3 s) takes about GNNPipe's time per epoch on the free link. In an "
     "earlier session on a slower host `refresh_every=0` took 19.70 s of training against exact's 32.98 s, 0.65x to "
-    "99%.",
+    "99%. Twice the chunks (`GraphChunkDataModule(num_chunks=16)`, batch 2026-12-06T19:36:28 of `pairs.jsonl`, "
+    "alternating with K = 8 twice on a later host) halve the pipeline's bubble (0.59-0.91 s a rank against "
+    "1.14-2.05 s) but add about as much compute and waiting (their halos: more rows gathered and normalised): "
+    "training 17.24 and 17.48 s against 16.78 and 18.66 s, validation 5.99-6.27 s against 5.76-7.43 s, at 3.45 "
+    "against 3.80 GiB peak USS on the largest rank.",
     "",
     "1M nodes, GCNII-16 (free link, one seed): with `refresh_every=1, halo_gradients=\"fresh\"` GNNPipe ends 0.46 "
     "points below exact training (test accuracy 0.7457 against 0.7503 at the best validation epoch; 99% of exact's "

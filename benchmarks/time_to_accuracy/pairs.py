@@ -13,7 +13,8 @@ not to ``runs.jsonl``, whose link table reads one session's runs of each mode. T
 those of batch ``2026-12-06T18:35:25`` (1M GraphSAGE-8, with a run of :data:`~benchmarks.time_to_accuracy.bench.
 GLIBC_HEAP` after the first pair's GNNPipe run, kept in ``runs.jsonl``). Batch ``2026-12-06T19:28:22`` holds no
 pair: GNNPipe's defaults and ``heap_mmap_threshold=32 * 2**20`` alternating twice (1M GraphSAGE-8, made the same way),
-quoted on the page.
+quoted on the page; ``2026-12-06T19:36:28`` none either: GNNPipe's defaults with ``num_chunks=16`` and 8 alternating
+twice, the same way.
 
     python -m benchmarks.time_to_accuracy.bench --only pairs --spread [--pairs 2]
 
