@@ -319,7 +319,7 @@ FINDINGS = [
     "all of them. Each graph-parallel rank computes its half of the rows (and normalises its halo's) on one core: "
     "5.5-6.1 s at 1M in the fits, against exact's 4.0-4.5 s after its training step. Validation at the single "
     "process's cost or below needs one core to do half the work in half the time, which this host's two cores do not "
-    "give; training does better because the pipeline's chunks keep each rank's working set small (each rank's "
+    "give. The training step fares better: each rank's "
     "compute, 12.2-16.3 s a step on one core in the 1M GraphSAGE-8 pairs, is 0.5x-0.7x the single process's "
     "21.8-25.0 s on two; their bubble and waits add 1.7-3.0 s).",
     "",
