@@ -321,7 +321,7 @@ FINDINGS = [
     "process's cost or below needs one core to do half the work in half the time, which this host's two cores do not "
     "give. The training step fares better: each rank's "
     "compute, 12.2-16.3 s a step on one core in the 1M GraphSAGE-8 pairs, is 0.5x-0.7x the single process's "
-    "21.8-25.0 s on two; their bubble and waits add 1.7-3.0 s).",
+    "21.8-25.0 s on two; their bubble and waits add 1.7-3.0 s.",
     "",
     "Why the stages one after the other are slower than one process (`python -m "
     "benchmarks.time_to_accuracy.validation_probe --part fit [--allocator glibc]`, GraphSAGE-8 at 300k, three "
