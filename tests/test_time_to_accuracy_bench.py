@@ -108,7 +108,8 @@ def test_pair_lines_pair_each_exact_run_with_the_gnnpipe_run_after_it():
     spread = [rec("exact", 10.0, 10.0, 5.0), rec("gnnpipe", 10.0, 5.0, 2.0)]  # another graph: a group of its own
     for r in spread:
         r["spec"]["graph"]["connectors"] = 1.0
-    lines = pair_lines(records + spread, {(300_000, "ressage8"): [(0, 30, 30), (1, 28, 30)]})
+    lines = pair_lines(records + spread, {(300_000, "ressage8"): [(0, 30, 30), (1, 28, 30)]},
+                       {(300_000, "ressage8"): [(0, 25, 28)]})  # the spread graph's accuracy runs: its own epochs
     assert len(lines) == 5
     # medians: exact 8.5 + 1.5 = 10 (unpaired run left out), GNNPipe 4.5 + 2.0 = 6.5; second epochs only
     assert lines[2] == ("| b1 | page | 300,000 | ressage8 | 2 | 8.0-9.0 + 1.0-2.0 | 4.0-5.0 + 1.0-3.0 | 0.65x; "
@@ -116,4 +117,4 @@ def test_pair_lines_pair_each_exact_run_with_the_gnnpipe_run_after_it():
     assert lines[3] == ("| b1 | page | 300,000 | ressage8, `heap_mmap_threshold=33554432` | 1 | 8.0-8.0 + 2.0-2.0 "
                         "| 3.0-3.0 + 1.0-1.0 | 0.40x; 0.40x-0.40x | – | 2.00 (3.00) GiB |")
     assert lines[4] == ("| b1 | spread | 300,000 | ressage8 | 1 | 10.0-10.0 + 10.0-10.0 | 10.0-10.0 + 5.0-5.0 | "
-                        "0.75x; 0.75x-0.75x | – | 2.00 (5.00) GiB |")
+                        "0.75x; 0.75x-0.75x | seed 0: 0.67x (25, 28) | 2.00 (5.00) GiB |")

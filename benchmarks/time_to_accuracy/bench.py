@@ -46,7 +46,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -239,11 +239,12 @@ def measure(s: dict, timeout_s: float) -> dict:
     return rec
 
 
-def run_pairs(pairs: int, nodes: int, timeout_s: float, path: Path = PAIRS, spread: bool = False) -> None:
-    """Measure ``pairs`` alternating (exact, GNNPipe) pairs per model of :data:`PAIR_MODELS` on ``nodes`` nodes,
+def run_pairs(pairs: int, nodes: int, timeout_s: float, path: Path = PAIRS, spread: bool = False,
+              models: Sequence[str] = PAIR_MODELS) -> None:
+    """Measure ``pairs`` alternating (exact, GNNPipe) pairs per model of ``models`` on ``nodes`` nodes,
     each run at most ``timeout_s`` seconds, appending every record (with ``batch``, this call's start) to ``path``.
-    With ``spread``: residual GraphSAGE-8 on :data:`SPREAD` (``nodes`` ignored), each pair followed by GNNPipe with
-    each of :data:`~benchmarks.time_to_accuracy.pairs.SPREAD_VARIANTS`.
+    With ``spread``: on :data:`SPREAD` (``nodes`` ignored), each pair followed by GNNPipe with each of
+    :data:`~benchmarks.time_to_accuracy.pairs.SPREAD_VARIANTS`.
 
     Raises:
         ValueError: ``pairs`` < 1.
@@ -254,7 +255,7 @@ def run_pairs(pairs: int, nodes: int, timeout_s: float, path: Path = PAIRS, spre
     batch = datetime.datetime.now().isoformat(timespec="seconds")
     graph = SPREAD.as_dict() if spread else None
     runs = [("exact", None), ("gnnpipe", None)] + [("gnnpipe", v) for v in (SPREAD_VARIANTS if spread else ())]
-    for model in ("ressage8",) if spread else PAIR_MODELS:
+    for model in models:
         for i in range(pairs):
             for mode, options in runs:
                 s = spec(SMALL if spread else nodes, model, mode, epochs=2, strategy=options)
@@ -297,8 +298,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                                                  "spread", "planner", "pairs"])
     p.add_argument("--pairs", type=int, help="with --only pairs: alternating pairs per model (default 4)")
     p.add_argument("--nodes", type=int, help=f"with --only pairs: the graph's nodes (default {SMALL})")
-    p.add_argument("--spread", action="store_true", help="with --only pairs: GraphSAGE-8 on the spread graph, with "
-                   "GNNPipe's allocator variants after each pair")
+    p.add_argument("--spread", action="store_true", help="with --only pairs: on the spread graph, with GNNPipe's "
+                   "allocator variants after each pair")
     p.add_argument("--page-only", action="store_true")
     p.add_argument("--force", action="store_true")
     p.add_argument("--modes", nargs="+", choices=["exact", "gnnpipe", "graph_parallel", "hybrid", "mlp"],

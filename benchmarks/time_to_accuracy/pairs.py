@@ -18,16 +18,16 @@ twice, the same way.
 
     python -m benchmarks.time_to_accuracy.bench --only pairs --spread [--pairs 2]
 
-measures residual GraphSAGE-8 on the spread graph (:data:`~benchmarks.time_to_accuracy.bench.SPREAD`), and after each
-pair GNNPipe with each of :data:`SPREAD_VARIANTS` (allocator settings): a variant is compared with its pair's exact
-run.
+measures both models on the spread graph (:data:`~benchmarks.time_to_accuracy.bench.SPREAD`), and after each pair
+GNNPipe with each of :data:`SPREAD_VARIANTS` (allocator settings): a variant is compared with its pair's exact run.
+Its first two batches measured one model each (``2026-12-06T19:10:16`` GraphSAGE-8, the next GCNII-16).
 """
 
 from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 PAIRS = Path(__file__).resolve().parent / "pairs.jsonl"
 PAIR_MODELS = ("ressage8", "gcnii16")
@@ -51,16 +51,18 @@ def _epoch(rec: dict) -> Tuple[float, float]:
     return last["train_s"], last["val_s"]
 
 
-def pair_lines(records: List[dict], epochs: Dict[Tuple[int, str], List[Tuple[int, int, int]]]) -> List[str]:
+def pair_lines(records: List[dict], epochs: Dict[Tuple[int, str], List[Tuple[int, int, int]]],
+               spread_epochs: Optional[Dict[Tuple[int, str], List[Tuple[int, int, int]]]] = None) -> List[str]:
     """Per batch, graph (the page's or the spread one) and model: the two modes' training and validation seconds
     (range), the medians' ratio of epochs (train + validation) and the range of the pairs' ratios, the seconds to 99%
-    of exact's best validation accuracy against exact's on the page's graph (the medians' ratio times the accuracy
-    runs' epochs to it), and the largest process's peak USS. A GNNPipe run with options (a variant) is compared with
+    of exact's best validation accuracy against exact's (the medians' ratio times the graph's accuracy runs' epochs
+    to it), and the largest process's peak USS. A GNNPipe run with options (a variant) is compared with
     the latest ok exact run before it in its group, in a row of its own labelled with the options.
 
     Args:
         records: The pair runs (:data:`PAIRS`).
         epochs: ``(nodes, model) -> [(seed, GNNPipe's epochs to 99%, exact's)]`` from the accuracy runs.
+        spread_epochs: The same from the spread graph's accuracy runs (its rows show ``–`` without them).
 
     Returns:
         Markdown table lines: a header, a rule, a row per batch, graph and model with at least one pair (seconds;
@@ -108,8 +110,8 @@ def pair_lines(records: List[dict], epochs: Dict[Tuple[int, str], List[Tuple[int
         def uss(recs: List[dict]) -> float:
             return max(v["uss"] for r in recs for v in r["processes"].values()) / 2**30
 
-        to99 = "; ".join(f"seed {seed}: {med * g / x:.2f}x ({g}, {x})" for seed, g, x in epochs.get((nodes, model), [])
-                         if g and x) if graph == "page" else ""
+        runs = (epochs if graph == "page" else spread_epochs or {}).get((nodes, model), [])
+        to99 = "; ".join(f"seed {seed}: {med * g / x:.2f}x ({g}, {x})" for seed, g, x in runs if g and x)
         lines.append(f"| {batch} | {graph} | {nodes:,} | {model} | {n} | {span(e)} | {span(p)} | {med:.2f}x; "
                      f"{min(ratios):.2f}x-{max(ratios):.2f}x | {to99 or '–'} | {uss(pipe[:n]):.2f} "
                      f"({uss(exact[:n]):.2f}) GiB |")
