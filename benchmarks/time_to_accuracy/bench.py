@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.harness.memory import GIB, read_process_peaks  # noqa: E402
 from benchmarks.harness.process import classify, log_tail, run_watched  # noqa: E402
 from benchmarks.harness.records import append_cache, cache_key, git_info, host_info, load_cache  # noqa: E402
-from benchmarks.time_to_accuracy.graph import GraphSpec  # noqa: E402
+from benchmarks.time_to_accuracy.graph import GraphSpec, on_page_graph  # noqa: E402
 from benchmarks.time_to_accuracy.link import LinkUnavailable, shaped_loopback  # noqa: E402
 from benchmarks.time_to_accuracy.page import EXACT_FORWARD  # noqa: E402
 from benchmarks.time_to_accuracy.pairs import PAIR_MODELS, PAIRS, SPREAD_VARIANTS  # noqa: E402
@@ -199,11 +199,6 @@ def spread_specs(records: List[dict]) -> List[dict]:
     for s in out:
         s["graph"] = SPREAD.as_dict()
     return out
-
-
-def on_page_graph(rec: dict) -> bool:
-    """Whether a record is of the page's own graph (:class:`GraphSpec` defaults), not :data:`SPREAD`."""
-    return rec["spec"]["graph"]["connectors"] == GraphSpec().connectors
 
 
 def key_of(s: dict) -> str:

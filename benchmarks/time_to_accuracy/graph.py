@@ -58,6 +58,12 @@ class GraphSpec:
         return asdict(self)
 
 
+def on_page_graph(rec: dict) -> bool:
+    """Whether a benchmark record ran on the page's own graph (:class:`GraphSpec`'s default ``connectors``; a spec
+    without the field has the default), not on the spread graph (``connectors=1.0``)."""
+    return rec["spec"]["graph"].get("connectors", GraphSpec().connectors) == GraphSpec().connectors
+
+
 def _pick(base: torch.Tensor, size: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     """A uniform node of ``[base, base + size)`` for every entry."""
     return base + (torch.rand(base.shape, generator=g) * size).long().clamp_max_(size - 1)

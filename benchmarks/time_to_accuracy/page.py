@@ -317,7 +317,7 @@ FINDINGS = [
     "GraphSAGE-8 at 1M takes 9.95-13.19 s on one thread and 4.47-6.42 s on two (the medians' ratio 2.28x; 2.05x in "
     "a second call, 11.8 against 5.8 s), so one thread computing half the rows needs about what two threads need for "
     "all of them. Each graph-parallel rank computes its half of the rows (and normalises its halo's) on one core: "
-    "5.5-6.1 s at 1M in the fits, against exact's 4.0-4.5 s after its training step. Validation at the single "
+    "5.5-7.4 s at 1M in the fits of the latest host, against exact's 4.0-4.5 s after its training step. Validation at the single "
     "process's cost or below needs one core to do half the work in half the time, which this host's two cores do not "
     "give. The training step fares better: each rank's "
     "compute, 12.2-16.3 s a step on one core in the 1M GraphSAGE-8 pairs, is 0.5x-0.7x the single process's "
@@ -354,8 +354,8 @@ FINDINGS = [
     "99%. Twice the chunks (`GraphChunkDataModule(num_chunks=16)`, batch 2026-12-06T19:36:28 of `pairs.jsonl`, "
     "alternating with K = 8 twice on a later host) halve the pipeline's bubble (0.59-0.91 s a rank against "
     "1.14-2.05 s) but add about as much compute and waiting (their halos: more rows gathered and normalised): "
-    "training 17.24 and 17.48 s against 16.78 and 18.66 s, validation 5.99-6.27 s against 5.76-7.43 s, at 3.45 "
-    "against 3.80 GiB peak USS on the largest rank.",
+    "training 17.24 and 17.48 s against 16.78 and 18.66 s, validation 5.99-6.27 s against 5.76-7.43 s, at "
+    "3.42-3.45 against 3.79-3.80 GiB peak USS on the largest rank.",
     "",
     "1M nodes, GCNII-16 (free link, one seed): with `refresh_every=1, halo_gradients=\"fresh\"` GNNPipe ends 0.46 "
     "points below exact training (test accuracy 0.7457 against 0.7503 at the best validation epoch; 99% of exact's "
@@ -383,8 +383,8 @@ FINDINGS = [
     "huge pages) and one of them spending 12.1 s in the kernel against 6.9 s. glibc's largest mmap threshold "
     "(`heap_mmap_threshold=32 * 2**20`, huge pages kept; batch 2026-12-06T19:28:22 of `pairs.jsonl`, alternating "
     "with the defaults twice) shortens the 1M training step by 4-7% (15.75 and 16.29 s against 16.8 and 16.99 s; "
-    "validation 5.54 and 6.28 s against 5.76 and 7.03 s; kernel time 4.6-6.1 s a rank against 6.7-7.8 s) at 4.7 "
-    "against 3.76 GiB peak USS on the largest rank: the defaults keep the memory.",
+    "validation 5.54 and 6.28 s against 5.76 and 7.03 s; kernel time 4.6-6.1 s a rank against 6.7-7.8 s) at "
+    "4.69-4.71 against 3.74-3.78 GiB peak USS on the largest rank: the defaults keep the memory.",
 ]
 
 

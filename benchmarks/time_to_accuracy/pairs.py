@@ -2,6 +2,7 @@
 session, so that their ratio is not a ratio of two hosts or two moods of one host.
 
     python -m benchmarks.time_to_accuracy.bench --only pairs [--pairs 4] [--nodes 300000]
+    python -m benchmarks.time_to_accuracy.bench --only pairs --spread [--pairs 2]  # the spread graph, below
 
 Each pair (:func:`~benchmarks.time_to_accuracy.bench.run_pairs`) is two 2-epoch fits with validation (the second
 epoch timed), exact first, for residual GraphSAGE-8 and GCNII-16; every record goes to
@@ -29,6 +30,8 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from benchmarks.time_to_accuracy.graph import on_page_graph
+
 PAIRS = Path(__file__).resolve().parent / "pairs.jsonl"
 PAIR_MODELS = ("ressage8", "gcnii16")
 """The models of each batch, in this order (:func:`~benchmarks.time_to_accuracy.bench.run_pairs`)."""
@@ -38,7 +41,7 @@ chunks' local rows, about 32 MB there, come from the heap) and glibc's own heap 
 
 
 def _graph(rec: dict) -> str:
-    return "spread" if rec["spec"]["graph"].get("connectors") == 1.0 else "page"
+    return "page" if on_page_graph(rec) else "spread"
 
 
 def _label(rec: dict) -> str:
