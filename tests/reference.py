@@ -43,7 +43,9 @@ def exact_inputs(layers: List[Callable], data: Data) -> List[torch.Tensor]:
 def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_on_start: bool = True,
                       refresh_every: int = 0, momentum: float = 0.0, stale_halo_grads: bool = False,
                       layers: Optional[List[Callable]] = None, num_parts: int = 1,
-                      refresh_at: Collection[int] = (), table_dtype: Optional[torch.dtype] = None) -> List[float]:
+                      refresh_at: Collection[int] = (), table_dtype: Optional[torch.dtype] = None,
+                      groups: Optional[Callable[[int], List[List[int]]]] = None,
+                      wrong_read: bool = False) -> List[float]:
     """Train ``module`` (a ``GCNModule``) with the chunked algorithm in one process.
 
     ``layers`` are the model's layers as ``layer(x, edge_index)`` callables (default: the
@@ -59,14 +61,22 @@ def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_
 
     ``table_dtype``: the tables of layers >= 1 hold their rows rounded to this dtype (kept in float32 here).
 
-    Returns the full-graph training loss of every epoch (as the user's ``training_step``
-    computes it from the chunked output).
+    ``groups(epoch)``: several optimizer steps an epoch, one per group of chunk ids (in the order given; with
+    ``G > 1`` whole slots); each step's loss is the cross-entropy over the labelled nodes of its chunks, and the
+    tables keep what the chunks wrote in earlier steps. ``None``: one step of every chunk.
+
+    ``wrong_read``: a deliberately wrong history read: every chunk reads the tables as they were when its step
+    began, not the rows that the chunks before it in the same step wrote (for showing that a test can fail).
+
+    Returns the training loss of every epoch (as the user's ``training_step`` computes it from the chunked output;
+    with ``groups`` the mean over the epoch's steps, as Lightning's ``on_epoch`` logging takes it).
     """
     gnn = module.gnn
     if layers is None:
         layers = [partial(gcn_layer, gnn, layer) for layer in range(gnn.num_layers)]
     L, N = len(layers), data.num_nodes
     opt = module.configure_optimizers()
+    slots_of = groups or (lambda epoch: [list(range(plan.num_chunks))])
 
     def stored(t: torch.Tensor) -> torch.Tensor:  # what a table of `table_dtype` keeps of `t`
         return t if table_dtype is None else t.to(table_dtype).to(t.dtype)
@@ -83,40 +93,47 @@ def chunked_reference(module, data: Data, plan: ChunkPlan, epochs: int, refresh_
         if (refresh_every and epoch > 0 and epoch % refresh_every == 0) or epoch in refresh_at:
             tables = refreshed()
         applied, collected = collected, [torch.zeros_like(t) for t in tables]
-        opt.zero_grad()
-        outs, order = [], []
-        for slot in range(plan.num_chunks // num_parts):
-            chunks = list(range(slot * num_parts, (slot + 1) * num_parts))
-            nodes = [plan.nodes[c] for c in chunks]
-            hs = [data.x[n] for n in nodes]
-            h0s: List[torch.Tensor] = []  # the slot's rows of layer 0's output (GCNII's initial embedding)
-            for layer in range(L):
-                if layer > 0:
-                    with torch.no_grad():
+        step_losses = []
+        for group in slots_of(epoch):
+            opt.zero_grad()
+            outs, order = [], []
+            begun = [t.clone() for t in tables] if wrong_read else None
+            slots = list(dict.fromkeys(c // num_parts for c in group))  # the group's slots, in its order
+            for slot in slots:
+                chunks = list(range(slot * num_parts, (slot + 1) * num_parts))
+                nodes = [plan.nodes[c] for c in chunks]
+                hs = [data.x[n] for n in nodes]
+                h0s: List[torch.Tensor] = []  # the slot's rows of layer 0's output (GCNII's initial embedding)
+                for layer in range(L):
+                    if layer > 0:
+                        with torch.no_grad():
+                            for n, h in zip(nodes, hs):
+                                tables[layer][n] = stored(momentum * tables[layer][n] + (1 - momentum) * h)
+                    table = tables[layer].clone() if begun is None else begun[layer].clone()
+                    if stale_halo_grads and layer > 0:
+                        table.requires_grad_(True)
+                        table.register_hook(lambda g, layer=layer: collected[layer].add_(g))
+                        hs = [h + 0 for h in hs]
                         for n, h in zip(nodes, hs):
-                            tables[layer][n] = stored(momentum * tables[layer][n] + (1 - momentum) * h)
-                table = tables[layer].clone()
-                if stale_halo_grads and layer > 0:
-                    table.requires_grad_(True)
-                    table.register_hook(lambda g, layer=layer: collected[layer].add_(g))
-                    hs = [h + 0 for h in hs]
-                    for n, h in zip(nodes, hs):
-                        h.register_hook(lambda g, extra=applied[layer][n]: g + extra)
-                # the slot's rows carry their gradient (in hybrid parallelism across partitions too)
-                mixed = table.index_put((torch.cat(nodes),), torch.cat(hs))
-                x0 = None  # only the slot's own rows of x0 reach its outputs: zeros elsewhere
-                if h0s:
-                    x0 = torch.zeros(N, h0s[0].size(-1)).index_put((torch.cat(nodes),), torch.cat(h0s))
-                out = call_layer(layers[layer], mixed, data.edge_index, x0)
-                hs = [out[n] for n in nodes]
-                h0s = hs if layer == 0 else h0s
-            outs += hs
-            order += nodes
-        full = torch.zeros(N, outs[0].size(-1)).index_put((torch.cat(order),), torch.cat(outs))
-        loss = F.cross_entropy(full[data.train_mask], data.y[data.train_mask])
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
+                            h.register_hook(lambda g, extra=applied[layer][n]: g + extra)
+                    # the slot's rows carry their gradient (in hybrid parallelism across partitions too)
+                    mixed = table.index_put((torch.cat(nodes),), torch.cat(hs))
+                    x0 = None  # only the slot's own rows of x0 reach its outputs: zeros elsewhere
+                    if h0s:
+                        x0 = torch.zeros(N, h0s[0].size(-1)).index_put((torch.cat(nodes),), torch.cat(h0s))
+                    out = call_layer(layers[layer], mixed, data.edge_index, x0)
+                    hs = [out[n] for n in nodes]
+                    h0s = hs if layer == 0 else h0s
+                outs += hs
+                order += nodes
+            index = torch.cat(order)
+            full = torch.zeros(N, outs[0].size(-1)).index_put((index,), torch.cat(outs))
+            mask = data.train_mask & torch.zeros(N, dtype=torch.bool).index_fill(0, index, True)
+            loss = F.cross_entropy(full[mask], data.y[mask])
+            loss.backward()
+            opt.step()
+            step_losses.append(float(loss.detach()))
+        losses.append(sum(step_losses) / len(step_losses))
     return losses
 
 

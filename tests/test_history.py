@@ -251,9 +251,14 @@ class _State:
 
 
 class _Trainer:
-    def __init__(self, epoch=1, step=2, fn="fit", validating=True, sanity_checking=False, max_epochs=5):
+    def __init__(self, epoch=1, step=2, fn="fit", validating=True, sanity_checking=False, max_epochs=5,
+                 epoch_end=True):
+        from types import SimpleNamespace
+
         self.current_epoch, self.global_step, self.state = epoch, step, _State(fn)
         self.validating, self.sanity_checking, self.max_epochs = validating, sanity_checking, max_epochs
+        self.fit_loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(
+            is_last_batch=epoch_end)))
 
 
 def test_a_validation_is_the_refresh_only_in_fit_before_a_due_epoch_in_full_precision():
@@ -270,6 +275,7 @@ def test_a_validation_is_the_refresh_only_in_fit_before_a_due_epoch_in_full_prec
     assert not lifecycle().refreshes_in_evaluation(_Trainer(sanity_checking=True))
     assert not lifecycle().refreshes_in_evaluation(_Trainer(max_epochs=2))  # no epoch 2 follows
     assert lifecycle().refreshes_in_evaluation(_Trainer(max_epochs=-1))  # no epoch limit
+    assert not lifecycle().refreshes_in_evaluation(_Trainer(epoch_end=False))  # val_check_interval < 1: mid-epoch
 
 
 @pytest.mark.parametrize("fresh", [False, True])

@@ -211,7 +211,8 @@ def test_stages_hand_their_rows_over_in_chunk_order(cora, x0_here):
 @pytest.mark.parametrize("name", ["gcn", "sage", "gin"])
 def test_sparse_and_edge_list_stages_give_equal_outputs_and_gradients(cora, name):
     """A stage on CSR adjacencies computes what the edge-list stage computes: the chunked forward (with halo rows
-    read from the tables) and every parameter's gradient, within 1e-5."""
+    read from the tables) within 1e-5, and every parameter's gradient within 5e-5 of its largest entry (float32 sums
+    over Cora's 2,708 nodes in another order: up to 2e-5 of it on some CPUs)."""
     make = MODELS[name]
     results = []
     for sparse in (False, True):
@@ -225,7 +226,7 @@ def test_sparse_and_edge_list_stages_give_equal_outputs_and_gradients(cora, name
         results.append((out.detach(), [p.grad.clone() for p in gnn.parameters()]))
     torch.testing.assert_close(results[1][0], results[0][0], atol=1e-5, rtol=1e-5)
     for sparse_grad, edge_grad in zip(results[1][1], results[0][1]):
-        torch.testing.assert_close(sparse_grad, edge_grad, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(sparse_grad, edge_grad, atol=5e-5 * float(edge_grad.abs().max()), rtol=0)
 
 
 @pytest.mark.parametrize("sparse", [False, True])

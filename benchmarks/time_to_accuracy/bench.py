@@ -272,19 +272,30 @@ def run(parts: List[str], force: bool, timeout_s: float, cache: Path = CACHE,
         specs = {"calibration": calibration_specs, "tuning": tuning_specs, "accuracy": accuracy_specs,
                  "timing": timing_specs, "large": large_specs}.get(part)
         todo = specs() if specs is not None else (spread_specs if part == "spread" else link_specs)(records)
-        for s in todo:
-            if (key_of(s) in done and not force) or (modes and s["mode"] not in modes):
-                continue
-            try:
-                rec = measure(s, timeout_s)
-            except LinkUnavailable as err:
-                print(f"link: cannot emulate a link here, stopping: {err}", flush=True)
-                return
-            append_cache(cache, rec)
-            records = load(cache)
+        todo = [s for s in todo if (key_of(s) not in done or force) and not (modes and s["mode"] not in modes)]
+
+        def report(s: dict, rec: dict) -> None:
             rate = s["rate_bits"]
             print(f"{part}: {s['graph']['num_nodes']:,} {s['model']} {s['mode']} seed {s['seed']} K {s['chunks']}"
                   f"{'' if rate is None else f' at {rate / 1e6:.0f} Mbit/s'}: {rec['status']}", flush=True)
+
+        if not measure_all(todo, lambda s: measure(s, timeout_s), cache, report):
+            return
+        records = load(cache)
+
+
+def measure_all(todo: List[dict], measure_one, cache: Path, report) -> bool:
+    """Measure every spec of ``todo`` with ``measure_one(spec) -> record``, appending each record to ``cache`` and
+    calling ``report(spec, record)``; returns ``False`` (and stops) when the link cannot be emulated here."""
+    for s in todo:
+        try:
+            rec = measure_one(s)
+        except LinkUnavailable as err:
+            print(f"link: cannot emulate a link here, stopping: {err}", flush=True)
+            return False
+        append_cache(cache, rec)
+        report(s, rec)
+    return True
 
 
 def main(argv: Optional[List[str]] = None) -> None:

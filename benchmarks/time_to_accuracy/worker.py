@@ -30,7 +30,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -180,12 +180,18 @@ def run_trainer(spec: dict, data, run_dir: Path) -> List[dict]:
     return rows
 
 
-def main(spec: dict, run_dir: Path) -> None:
+def start_run(spec: dict, run_dir: Path) -> Tuple[MemorySampler, Any, float, float]:
+    """Begin a worker's run: ``run_dir`` made, this process's memory sampler started, the graph of ``spec["graph"]``
+    built; returns ``(sampler, graph, start time (perf_counter), seconds the graph took)``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     sampler = MemorySampler(run_dir / "mem_main.json").start()
     t0 = time.perf_counter()
     data = community_graph(GraphSpec(**spec["graph"]))
-    graph_s = time.perf_counter() - t0
+    return sampler, data, t0, time.perf_counter() - t0
+
+
+def main(spec: dict, run_dir: Path) -> None:
+    sampler, data, t0, graph_s = start_run(spec, run_dir)
     try:
         rows = run_plain(spec, data) if spec["mode"] in ("exact", "mlp") else run_trainer(spec, data, run_dir)
     finally:

@@ -223,8 +223,10 @@ def log_comm(module: Any, stats: CommStats, group=None) -> Dict[str, float]:
     """Gather every rank's counts over ``group`` (default: the world); log them per epoch from the current ``*_step``.
 
     Every rank logs the same gathered values (see :meth:`CommStats.world_metrics`), so the
-    loggers, which write on rank 0 only, see every stage's figures.
+    loggers, which write on rank 0 only, see every stage's figures. The epoch's value is the sum over its training
+    steps (bytes and seconds of the whole epoch; one step an epoch unless the DataModule runs several).
     """
     metrics = stats.world_metrics(group=group, device=module.device)
-    module.log_dict(metrics, on_step=False, on_epoch=True, batch_size=1, sync_dist=True)  # same on every rank
+    module.log_dict(metrics, on_step=False, on_epoch=True, batch_size=1, sync_dist=True,  # same on every rank
+                    reduce_fx="sum")
     return metrics

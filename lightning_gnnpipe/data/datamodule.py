@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
@@ -13,8 +13,10 @@ from torch.utils.data import DataLoader
 from torch_geometric.data import Data
 
 from lightning_gnnpipe.data.chunk import ChunkPlan, build_chunk_plan
-from lightning_gnnpipe.data.order import greedy_chunk_order, stale_read_stats
+from lightning_gnnpipe.data.order import edge_counts, greedy_chunk_order, read_stats, stale_read_stats
 from lightning_gnnpipe.data.partition import nested_partition
+from lightning_gnnpipe.data.steps import (ChunkGroups, ChunkGroupSampler, check_chunks_per_step, chunk_positions,
+                                          step_groups)
 from lightning_gnnpipe.data.validation import validate_graph, validate_num_chunks, validate_num_parts, validate_part
 
 
@@ -30,6 +32,13 @@ class GraphChunkDataModule(LightningDataModule):
     the module also trains with a plain single-device ``Trainer``. Under
     :class:`~lightning_gnnpipe.GNNPipeStrategy` the strategy reads :attr:`plan` to cut every step
     into ``num_chunks`` pipeline micro-batches (GNNPipe, arXiv 2308.10087, Sec. 4.1).
+
+    With ``chunks_per_step = c < K`` the training dataloader yields ``K / c`` batches an epoch, one optimizer step
+    each (:mod:`~lightning_gnnpipe.data.steps`): the graph again, its ``train_mask`` narrowed to the labelled nodes
+    of the step's ``c`` chunks, which ``batch.chunk_ids`` ``(c,)`` names. Under the strategy those chunks run through
+    the pipeline and read the other chunks' rows from the history tables (GNNAutoScale's rule); on one device the
+    batch is an ordinary full-graph forward with the loss over the step's nodes. Validation, test and predict still
+    yield the whole graph once.
 
     The graph is validated and partitioned here, in the constructor, so that bad input fails in
     the main process before any process group starts; METIS runs once and the plan travels to
@@ -57,14 +66,23 @@ class GraphChunkDataModule(LightningDataModule):
             (:func:`~lightning_gnnpipe.data.partition.nested_partition`); chunk ``j * G + g`` is the
             ``j``-th chunk of partition ``g``. ``K`` must be a multiple of ``G``. With ``part`` given,
             chunk ``c`` belongs to partition ``c % G``. Default 1 (pure pipeline parallelism).
+        chunks_per_step: ``c``, chunks a training step (an optimizer step): ``None`` (default) is ``K``, one step an
+            epoch over the whole graph (GNNPipe's full-graph semantics). A divisor of ``K`` (and a multiple of ``G``)
+            below it makes every epoch ``K / c`` steps; needs ``data.train_mask``.
+        chunk_groups: Which chunks share a step when ``c < K``: ``"fixed"`` (default; consecutive chunks of the plan's
+            order, the same groups every epoch) or ``"shuffle"`` (new random groups every epoch, seeded by ``seed``
+            and the epoch; :func:`~lightning_gnnpipe.data.steps.step_groups`).
+        seed: The seed of ``chunk_groups="shuffle"`` (the same on every rank).
 
     Raises:
-        TypeError, ValueError: On malformed graphs or ``num_chunks`` (see
-            :func:`~lightning_gnnpipe.data.validation.validate_graph`).
+        TypeError, ValueError: On malformed graphs, ``num_chunks``, ``chunks_per_step`` or ``chunk_groups`` (see
+            :func:`~lightning_gnnpipe.data.validation.validate_graph`,
+            :func:`~lightning_gnnpipe.data.steps.check_chunks_per_step`).
     """
 
     def __init__(self, data: Data, num_chunks: int = 8, part: Optional[Tensor] = None,
-                 chunk_order: str = "greedy", num_parts: int = 1) -> None:
+                 chunk_order: str = "greedy", num_parts: int = 1, chunks_per_step: Optional[int] = None,
+                 chunk_groups: str = "fixed", seed: int = 0) -> None:
         super().__init__()
         if any(isinstance(v, Tensor) and v.device.type != "cpu" for _, v in data):
             data = copy.copy(data).cpu()  # shallow: CPU tensors are shared; the caller's Data is not moved
@@ -75,6 +93,9 @@ class GraphChunkDataModule(LightningDataModule):
             raise ValueError(f"GraphChunkDataModule: unknown `chunk_order` {chunk_order!r}. Use 'greedy' or 'metis'.")
         if part is not None:
             validate_part(part, data.num_nodes, num_chunks)
+        self.chunks_per_step = check_chunks_per_step(chunks_per_step, self.num_chunks, self.num_parts, chunk_groups,
+                                                     isinstance(getattr(data, "train_mask", None), Tensor))
+        self.chunk_groups, self.seed = chunk_groups, int(seed)
         self.data = data
         if part is None and num_parts > 1:
             part = nested_partition(data.edge_index, data.num_nodes, num_parts, num_chunks // num_parts)
@@ -83,6 +104,18 @@ class GraphChunkDataModule(LightningDataModule):
             plan = plan.reordered(greedy_chunk_order(plan, data.edge_index, num_parts))
         self.plan: ChunkPlan = plan
         self._on_device: Dict[torch.device, Tuple[tuple, Data]] = {}
+        self._edge_counts: Optional[Tensor] = None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Training steps (optimizer steps) an epoch: ``K / chunks_per_step``."""
+        return self.num_chunks // self.chunks_per_step
+
+    def step_groups(self, epoch: int) -> List[List[int]]:
+        """The chunk groups of training epoch ``epoch``, in the order they run (:func:`~lightning_gnnpipe.data.
+        steps.step_groups`): one group of every chunk when ``chunks_per_step`` is ``K``."""
+        return step_groups(self.num_chunks, self.chunks_per_step, self.chunk_groups, epoch, self.seed,
+                           self.num_parts)
 
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
@@ -127,9 +160,14 @@ class GraphChunkDataModule(LightningDataModule):
 
         Under a strategy that names graph attributes to keep on the host (``graph_on_host``, the lightning_gnnpipe
         strategies: ``("edge_index",)``) those stay there."""
+        strategy = getattr(self.trainer, "strategy", None) if self.trainer is not None else None
         if batch is self.data:
-            strategy = getattr(self.trainer, "strategy", None) if self.trainer is not None else None
             return self.device_graph(device, getattr(strategy, "graph_on_host", ()))
+        if isinstance(batch, Data) and "chunk_ids" in batch and batch.x is self.data.x:  # a step of some chunks
+            moved = copy.copy(self.device_graph(device, getattr(strategy, "graph_on_host", ())))
+            moved.train_mask = batch.train_mask.to(device)
+            moved.chunk_ids = batch.chunk_ids  # stays on the CPU: read without a device sync
+            return moved
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def stale_read_stats(self, reverse: bool = False, alternating: bool = False) -> Tuple[float, float]:
@@ -138,11 +176,28 @@ class GraphChunkDataModule(LightningDataModule):
         :func:`~lightning_gnnpipe.data.order.stale_read_stats`."""
         return stale_read_stats(self.plan, self.data.edge_index, self.num_parts, reverse, alternating)
 
+    def step_read_stats(self, epoch: int) -> Tuple[float, float]:
+        """``(fraction of edges read historical, mean age in epochs)`` per layer >= 1 in training epoch ``epoch`` of
+        :meth:`step_groups` (the epoch before: ``epoch - 1``'s groups; epoch 0: its own), see
+        :func:`~lightning_gnnpipe.data.order.read_stats`. A row is historical when its chunk runs later in the epoch
+        (last epoch's row); one written by an earlier step of the same epoch counts as fresh, as in the paper."""
+        if self._edge_counts is None:
+            self._edge_counts = edge_counts(self.plan, self.data.edge_index)
+        k, g = self.num_chunks, self.num_parts
+        now = chunk_positions(self.step_groups(epoch), k, g)
+        before = chunk_positions(self.step_groups(max(epoch - 1, 0)), k, g)
+        return read_stats(self._edge_counts, now, before, k // g)
+
     def _loader(self) -> DataLoader:
         return DataLoader([self.data], batch_size=None, collate_fn=_identity)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader()
+        if self.chunks_per_step == self.num_chunks:
+            return self._loader()
+        groups = ChunkGroups(self.data, self.plan.nodes, self.steps_per_epoch)
+        sampler = ChunkGroupSampler(groups, self.num_chunks, self.chunks_per_step, self.chunk_groups, self.seed,
+                                    self.num_parts)
+        return DataLoader(groups, sampler=sampler, batch_size=None, collate_fn=_identity)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader()

@@ -64,6 +64,40 @@ def greedy_chunk_order(plan: ChunkPlan, edge_index: Tensor, num_parts: int = 1) 
     return order
 
 
+def edge_counts(plan: ChunkPlan, edge_index: Tensor) -> Tensor:
+    """Count every edge by chunk: ``W[a, b]`` = edges from a node of chunk ``a`` into chunk ``b``, the diagonal
+    included (the edges inside a chunk), ``(K, K)``."""
+    k = plan.num_chunks
+    return torch.bincount(plan.part[edge_index[0]] * k + plan.part[edge_index[1]], minlength=k * k).view(k, k)
+
+
+def read_stats(counts: Tensor, now: Tensor, before: Tensor, slots: int) -> Tuple[float, float]:
+    """``(stale_fraction, mean_age)`` of the halo reads of an epoch, from the chunks' positions in it.
+
+    An edge from chunk ``a`` into chunk ``b`` is read historical (last epoch's row) when ``a``'s slot runs after
+    ``b``'s in this epoch; chunks of one slot (hybrid parallelism) read each other live.
+
+    Args:
+        counts: Edges between chunks ``(K, K)``, the diagonal included (:func:`edge_counts`).
+        now: Position of every chunk's slot in this epoch ``(K,)``, in ``0 .. slots - 1``.
+        before: The same in the epoch before ``(K,)``.
+        slots: Slots an epoch (``K / G``).
+
+    Returns:
+        ``stale_fraction``: edges read historical over all edges (unitless); ``mean_age``: their rows' mean age in
+        epochs, ``1 + (now[b] - before[a]) / slots`` for a row of ``a`` written at ``before[a]`` and read at
+        ``now[b]``; ``0.0`` if nothing is stale.
+    """
+    total = float(counts.sum())
+    stale = now.view(-1, 1) > now.view(1, -1)  # [a, b]: a's slot runs after b's
+    weights = counts.double() * stale
+    n = float(weights.sum())
+    if total == 0 or n == 0:
+        return 0.0, 0.0
+    age = 1 + (now.view(1, -1) - before.view(-1, 1)).double() / slots
+    return n / total, float((weights * age).sum()) / n
+
+
 def stale_read_stats(plan: ChunkPlan, edge_index: Tensor, num_parts: int = 1, reverse: bool = False,
                      alternating: bool = False) -> Tuple[float, float]:
     """Return ``(stale_fraction, mean_age)`` of halo reads per layer (layers >= 1) in one epoch's chunk order.
@@ -88,11 +122,7 @@ def stale_read_stats(plan: ChunkPlan, edge_index: Tensor, num_parts: int = 1, re
     if edge_index.numel() == 0:
         return 0.0, 0.0
     k = plan.num_chunks // num_parts
-    src, dst = plan.part[edge_index[0]] // num_parts, plan.part[edge_index[1]] // num_parts
-    now = (lambda s: k - 1 - s) if reverse else (lambda s: s)  # noqa: E731  (slot -> position in this epoch)
-    before = (lambda s: k - 1 - now(s)) if alternating else now  # noqa: E731  (... in the epoch before)
-    stale = now(src) > now(dst)
-    if not bool(stale.any()):
-        return 0.0, 0.0
-    age = 1 + (now(dst[stale]) - before(src[stale])).double() / k
-    return float(stale.double().mean()), float(age.mean())
+    slot = torch.arange(plan.num_chunks) // num_parts
+    now = k - 1 - slot if reverse else slot
+    before = k - 1 - now if alternating else now
+    return read_stats(edge_counts(plan, edge_index), now, before, k)

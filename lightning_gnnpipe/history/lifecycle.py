@@ -38,18 +38,20 @@ class HistoryLifecycle:
         full_forward: The exact forward through all stages (a collective over the pipeline).
         refresh_every: Refresh every this many epochs (0: never).
         log_staleness: Log the staleness metrics.
-        stale_stats: Per epoch parity (one entry, or two when the chunk order alternates): ``(fraction of edges read
-            historical, their mean age in epochs)``; epoch ``e`` logs ``stale_stats[e % len(stale_stats)]``.
+        stale_stats: ``stale_stats(epoch) -> (fraction of edges read historical, their mean age in epochs)``, logged
+            at the epoch's start.
         autocast: Whether evaluation runs under autocast (``bf16-mixed``); a refresh runs in full precision, so
             then no evaluation doubles as one (:meth:`refreshes_in_evaluation`).
     """
 
     def __init__(self, stages: Sequence[nn.Module], full_forward: FullForward, refresh_every: int = 0,
-                 log_staleness: bool = True, stale_stats: Sequence[Tuple[float, float]] = ((0.0, 0.0),),
+                 log_staleness: bool = True,
+                 stale_stats: Callable[[int], Tuple[float, float]] = lambda epoch: (0.0, 0.0),
                  autocast: bool = False) -> None:
         self.stages, self.full_forward, self.autocast = list(stages), full_forward, autocast
         self.refresh_every, self.log_staleness, self.stale_stats = refresh_every, log_staleness, stale_stats
         self._refreshed: Optional[tuple] = None  # (epoch, step, drift, weights used) of a refresh run in validation
+        self.epoch: Optional[int] = None  # the training epoch begun last (before_epoch)
 
     def refresh(self) -> Dict[int, float]:
         """Refill every stage's history tables with an exact no-grad full-graph forward (a collective).
@@ -74,14 +76,17 @@ class HistoryLifecycle:
 
     def refreshes_in_evaluation(self, trainer: Any) -> bool:
         """Whether the evaluation running now should be the refresh that the next training epoch is due (the same
-        answer on every rank): a fit's validation (not its sanity check) after an epoch that is not the last, in
-        full precision (a refresh does not run under autocast), not already done at this optimizer step.
+        answer on every rank): a fit's validation (not its sanity check) at the end of an epoch that is not the last
+        (not one in the middle of an epoch, ``val_check_interval < 1``), in full precision (a refresh does not run
+        under autocast), not already done at this optimizer step.
 
         Args:
-            trainer: The Lightning ``Trainer`` (its state, ``current_epoch``, ``global_step``, ``max_epochs``).
+            trainer: The Lightning ``Trainer`` (its state, ``current_epoch``, ``global_step``, ``max_epochs``, the fit
+                loop's ``is_last_batch``).
         """
         epoch, last = trainer.current_epoch + 1, trainer.max_epochs
-        in_fit = trainer.state.fn == "fit" and trainer.validating and not trainer.sanity_checking
+        in_fit = trainer.state.fn == "fit" and trainer.validating and not trainer.sanity_checking \
+            and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
         early = self._refreshed is not None and self._refreshed[:2] == (epoch, trainer.global_step)
         final = last is not None and 0 <= last <= epoch  # no epoch follows
         return in_fit and not self.autocast and self.due(epoch) and not early and not final
@@ -111,7 +116,8 @@ class HistoryLifecycle:
 
     def before_epoch(self, epoch: int, log: Optional[Callable[[str, float], None]] = None,
                      step: Optional[int] = None) -> None:
-        """Start training epoch ``epoch``: periodic refresh, the stages' epoch switch, staleness metrics.
+        """Start training epoch ``epoch``: periodic refresh, the stages' epoch switch, staleness metrics; once an
+        epoch (a later call for the same epoch, its next training step, does nothing).
 
         Args:
             epoch: The epoch that starts.
@@ -120,6 +126,9 @@ class HistoryLifecycle:
                 that :meth:`refresh_in_evaluation` ran at this ``(epoch, step)`` with the same weights is not run
                 again (its ``gnnpipe/refresh_seconds`` is then about 0).
         """
+        if epoch == self.epoch:
+            return
+        self.epoch = epoch
         early, self._refreshed = self._refreshed, None
         if self.due(epoch):
             start = time.perf_counter()
@@ -135,7 +144,7 @@ class HistoryLifecycle:
         for stage in self.stages:
             stage.next_epoch(epoch)
         if self.log_staleness and log is not None:
-            fraction, age = self.stale_stats[epoch % len(self.stale_stats)]
+            fraction, age = self.stale_stats(epoch)
             log("gnnpipe/stale_edge_fraction", fraction)
             log("gnnpipe/stale_age_epochs", age)
 

@@ -106,9 +106,12 @@ class PipelineLoss:
         self._rows: Optional[Tensor] = None  # separable: the latest (|V|, C) output rows, kept across steps
         self.reset()
 
-    def reset(self, full_loss: Optional[FullLoss] = None, chunk_loss: Optional[ChunkLoss] = None) -> None:
-        """Start a new step with the loss closures for this batch."""
+    def reset(self, full_loss: Optional[FullLoss] = None, chunk_loss: Optional[ChunkLoss] = None,
+              chunks: Optional[List[int]] = None) -> None:
+        """Start a new step with the loss closures for this batch; ``chunks``: the chunks this pipeline runs in the
+        step (default: all of :attr:`chunks`; fewer with several steps an epoch)."""
         self.full_loss, self.chunk_loss = full_loss, chunk_loss
+        self.step_chunks = list(self.chunks if chunks is None else chunks)
         self.outputs: List[Optional[Tensor]] = [None] * self.graph.num_chunks
         self._grad: Optional[Tensor] = None
         self._logits: Optional[Tensor] = None
@@ -127,7 +130,7 @@ class PipelineLoss:
             rows[self.graph.nodes[c]] = out[:n].detach()
             loss, _ = self.full_loss(rows.index_put((self.graph.nodes[c],), out[:n]))  # only chunk c's rows live
             return loss
-        if all(self.outputs[k] is not None for k in self.chunks):
+        if all(self.outputs[k] is not None for k in self.step_chunks):
             self._finish()
         return _DeferredOutputGrad.apply(out, self, c)
 
@@ -138,19 +141,17 @@ class PipelineLoss:
         return self._rows
 
     def logits(self) -> Tensor:
-        """Assemble the chunks' outputs into ``(|V|, C)`` (detached); gathered once per step if hybrid."""
+        """Assemble the step's chunks' outputs into ``(|V|, C)`` (detached; zero on the rows of chunks outside the
+        step); gathered once per step if hybrid."""
         if self._logits is not None:
             return self._logits
-        missing = [c for c in self.chunks if self.outputs[c] is None]
+        missing = [c for c in self.step_chunks if self.outputs[c] is None]
         if missing:
             raise RuntimeError(f"PipelineLoss: chunk {missing[0]} produced no output in this step.")
-        if self.mode == "separable":
-            full = self._rows.clone()  # type: ignore[union-attr]  # every chunk wrote its rows this step
-        else:
-            first = next(o for o in self.outputs if o is not None)
-            full = first.new_zeros(self.num_nodes, first.size(-1))
-            for c in self.chunks:
-                full[self.graph.nodes[c]] = self.outputs[c]
+        first = self.outputs[self.step_chunks[0]]
+        full = first.new_zeros(self.num_nodes, first.size(-1))
+        for c in self.step_chunks:
+            full[self.graph.nodes[c]] = self.outputs[c]
         self._logits = self.gather(full) if self.gather is not None else full
         return self._logits
 

@@ -132,10 +132,12 @@ class PipelineRuntime:
         self.first_input: Optional[Tensor] = None
         if 0 in layout.stage_ids:
             self.first_input = x.new_zeros(len(self.chunk_ids), x.size(-1), device=device)
+        self.step_size = len(self.chunk_ids)  # this pipeline's micro-batches a step (set by build_schedule)
         self.schedule: Any = None
         self.loss: Optional[PipelineLoss] = None
         self.recorder: Optional[PipelineRecorder] = None
         self._max_chunk_size = plan.max_chunk_size
+        self.nodes = plan.nodes  # every chunk's inner nodes (the rows of a step's logits)
 
     def kept_bytes(self) -> Tuple[int, int]:
         """Bytes this rank keeps for the whole fit: ``(history tables, chunk graphs)``; each storage counted once."""
@@ -151,14 +153,20 @@ class PipelineRuntime:
         """Per local stage: (widths it receives, widths it sends)."""
         return {i: (st.input_widths, st.output_widths) for i, st in zip(self.layout.stage_ids, self.stages)}
 
-    def build_schedule(self, schedule: str, loss_mode: str = "deferred") -> None:
+    def build_schedule(self, schedule: str, loss_mode: str = "deferred", chunks_per_step: Optional[int] = None) -> None:
         """Build the loss (on the last stage) and the schedule; needed by :meth:`step` only (fit).
 
         Args:
             schedule: A key of :data:`~lightning_gnnpipe.pipeline.schedule.SCHEDULES`.
             loss_mode: How the last stage gets each chunk's output gradient (:class:`PipelineLoss`):
                 ``"deferred"`` (GPipe only), ``"separable"`` or ``"chunk"``.
+            chunks_per_step: Chunks of the whole graph a training step runs, ``c`` (default: all ``K``); this
+                pipeline runs ``c / G`` of them, the schedule's micro-batches.
         """
+        if chunks_per_step is not None:
+            self.step_size = chunks_per_step // self.layout.graph_parallel_size
+        if self.first_input is not None:
+            self.first_input = self.first_input.new_zeros(self.step_size, self.first_input.size(-1))
         lay, last = self.layout, self.num_virtual_stages - 1
         gather = (lambda logits: self.partitions.sum(logits, "logits")) if self.partitions.size > 1 else None
         self.loss = PipelineLoss(self.stages[-1].graph, self.num_nodes, loss_mode, chunks=self.chunk_ids,
@@ -172,20 +180,24 @@ class PipelineRuntime:
         self.schedule = build_schedule(
             modules, lay.stage_ids, self.num_virtual_stages, self.device, self._max_chunk_size,
             [st.input_widths for st in self.stages], [st.output_widths for st in self.stages],
-            schedule, len(self.chunk_ids),
+            schedule, self.step_size,
             # Every rank must pass a loss_fn: the schedules run backwards only when one is set.
             self.loss if self.loss is not None else _not_last_stage,
             group=lay.pipeline_group, in_dtypes=in_dtypes, out_dtypes=out_dtypes,
         )
         self.recorder = PipelineRecorder(self.schedule, self.stats, self.device)
 
-    def stale_stats(self, datamodule: Any) -> List[Tuple[float, float]]:
-        """Per epoch parity, ``datamodule.stale_read_stats(reverse, alternating)``: one entry, two when the chunk order
-        alternates (``halo_gradients="fresh"``)."""
-        return [datamodule.stale_read_stats(bool(odd), self.alternate) for odd in range(1 + self.alternate)]
+    def stale_stats(self, datamodule: Any) -> Callable[[int], Tuple[float, float]]:
+        """``stale_stats(epoch) -> (fraction of edges read historical, mean age in epochs)`` of this fit's chunk order:
+        ``datamodule.stale_read_stats(reverse, alternating)`` by epoch parity (the order alternates with
+        ``halo_gradients="fresh"``), or with several steps an epoch ``datamodule.step_read_stats(epoch)``."""
+        if datamodule.chunks_per_step < datamodule.num_chunks:
+            return datamodule.step_read_stats
+        parity = [datamodule.stale_read_stats(bool(odd), self.alternate) for odd in range(1 + self.alternate)]
+        return lambda epoch: parity[epoch % len(parity)]
 
-    def step(self, full_loss: Callable, chunk_loss: Callable) -> Tuple[Tensor, Any]:
-        """Run one training step (every chunk forward and backward); return the logits and the loss output.
+    def step(self, full_loss: Callable, chunk_loss: Callable, chunks: Any = None) -> Tuple[Tensor, Any]:
+        """Run one training step (every chunk of the step forward and backward); return the logits and the loss output.
 
         The chunks run in order; with ``halo_gradients="fresh"`` in reverse order in odd epochs.
 
@@ -193,19 +205,35 @@ class PipelineRuntime:
             full_loss: ``full_loss(logits (|V|, C)) -> (loss, output)``: the user's ``training_step`` (loss modes
                 ``"deferred"`` and ``"separable"``; in the latter it is called once per chunk and must not log).
             chunk_loss: ``chunk_loss(out (n_c, C), c) -> loss``: the chunk loss (loss mode ``"chunk"``).
+            chunks: The step's chunk group ``(c,)`` (ints or a tensor), in the order it runs (several steps an epoch,
+                :mod:`~lightning_gnnpipe.data.steps`; with hybrid parallelism the chunks of every partition, of which
+                this pipeline runs its own); ``None``: every chunk, one step an epoch.
 
         Returns:
-            The full-graph logits ``(|V|, C)`` on every rank of the pipeline, and the last stage's step output
-            (``None`` elsewhere or when the schedule computed no full loss).
+            The full-graph logits ``(|V|, C)`` on every rank of the pipeline (zero on the rows of chunks outside the
+            step), and the last stage's step output (``None`` elsewhere or when the schedule computed no full loss).
+
+        Raises:
+            RuntimeError: ``chunks`` gives this pipeline another number of chunks than the schedule was built for.
         """
         assert self.schedule is not None and self.recorder is not None
         lay = self.layout
-        odd = self.alternate and self.stages[0].epoch % 2 == 1
-        ids = torch.tensor(self.chunk_ids[::-1] if odd else self.chunk_ids)  # on the CPU: read without a device sync
+        chunks = None if chunks is None else [int(c) for c in chunks]
+        if chunks is None:
+            odd = self.alternate and self.stages[0].epoch % 2 == 1
+            order = self.chunk_ids[::-1] if odd else self.chunk_ids
+        else:
+            mine = set(self.chunk_ids)
+            order = [c for c in chunks if c in mine]
+        if len(order) != self.step_size:
+            raise RuntimeError(f"GNNPipeStrategy: a training step gave this pipeline {len(order)} chunks but its "
+                               f"schedule runs {self.step_size} a step (got chunks {list(chunks or [])}). Serve the "
+                               "batches of the GraphChunkDataModule the strategy was set up with.")
+        ids = torch.tensor(order)  # on the CPU: read without a device sync
         args = (self.first_input,) if self.first_input is not None else ()
         kwargs: Dict[str, Any] = {"chunk_id": ids}
         if self.loss is not None:
-            self.loss.reset(full_loss=full_loss, chunk_loss=chunk_loss)
+            self.loss.reset(full_loss=full_loss, chunk_loss=chunk_loss, chunks=order)
             kwargs.update(target=ids, return_outputs=False)
         self.recorder.begin()
         if self.x0_sync is not None:
@@ -217,10 +245,20 @@ class PipelineRuntime:
             logits = self.loss.logits()
         else:
             logits = torch.empty(self.num_nodes, self.dims[-1], device=self.device, dtype=self.data_dtype)
-        dist.broadcast(logits, src=lay.global_ranks[lay.last_position], group=lay.pipeline_group)
+        src = lay.global_ranks[lay.last_position]
+        if chunks is None or len(chunks) == len(self.nodes):  # the whole graph's rows
+            dist.broadcast(logits, src=src, group=lay.pipeline_group)
+            sent = logits
+        else:  # only the step's rows are not zero: send those alone
+            rows = torch.cat([self.nodes[c] for c in chunks]).to(self.device)
+            sent = logits.index_select(0, rows) if self.loss is not None else \
+                torch.empty(rows.numel(), self.dims[-1], device=self.device, dtype=self.data_dtype)
+            dist.broadcast(sent, src=src, group=lay.pipeline_group)
+            if self.loss is None:
+                logits = logits.zero_().index_copy_(0, rows, sent)
         self.partitions.sum_grads(p for st in self.stages for p in st.parameters())
         self.recorder.end()
-        self.stats.record_broadcast("logits", logits, lay.last_position, lay.position, len(lay.global_ranks))
+        self.stats.record_broadcast("logits", sent, lay.last_position, lay.position, len(lay.global_ranks))
         return logits, (self.loss.step_output if self.loss is not None else None)
 
     def full_forward(self, write_history: bool = False,

@@ -110,9 +110,10 @@ HALO_AUTO = "auto"
 
 
 def resolve_halo_gradients(halo_gradients: str, refresh_every: int, schedule: str, graph_parallel_size: int,
-                           blocks: Sequence[nn.Module] = (), fitting: bool = False) -> str:
+                           blocks: Sequence[nn.Module] = (), fitting: bool = False, steps_per_epoch: int = 1) -> str:
     """What a fit does with the gradients that reach halo rows: ``"auto"`` is ``"fresh"`` where the history tables are
-    exact at each epoch's start (``refresh_every == 1``), one pipeline runs (``graph_parallel_size == 1``), the
+    exact at each epoch's start (``refresh_every == 1``), one pipeline runs (``graph_parallel_size == 1``), one step
+    runs every chunk (``steps_per_epoch == 1``), the
     schedule runs each stage's chunks' backwards in the order of their forwards (``"auto"``, ``"gpipe"``,
     ``"1f1b"``) and no block drops out (:func:`~lightning_gnnpipe.nn.dropout.first_dropout`): the rows read from the
     tables are then the owners' training rows, and what it adds is the full-graph gradient along the cut edges the
@@ -131,12 +132,15 @@ def resolve_halo_gradients(halo_gradients: str, refresh_every: int, schedule: st
         graph_parallel_size: ``G``.
         blocks: The model's layer blocks.
         fitting: Whether the trainer fits (only then the info line).
+        steps_per_epoch: Training steps an epoch (the DataModule's ``K / chunks_per_step``); with several the rows
+            of other steps' chunks carry no gradient back (GNNAutoScale's rule): ``"detach"``.
 
-    Raises nothing: a bad ``halo_gradients`` is refused before any process starts (:func:`check_pipeline_options`).
+    Raises nothing: a bad ``halo_gradients`` is refused before any process starts (:func:`check_pipeline_options`,
+    :func:`check_steps`).
     """
     if halo_gradients != HALO_AUTO:
         return halo_gradients
-    if refresh_every != 1 or graph_parallel_size != 1 or is_multi_stage(schedule):
+    if refresh_every != 1 or graph_parallel_size != 1 or is_multi_stage(schedule) or steps_per_epoch != 1:
         return "detach"
     dropout = first_dropout(blocks)
     if dropout is not None and fitting:
@@ -201,10 +205,27 @@ def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: A
     return name, dtype, evaluation
 
 
+def check_steps(datamodule: GraphChunkDataModule, halo_gradients: str, where: str = "GNNPipeStrategy") -> None:
+    """Refuse, before any process starts, what several steps an epoch (``chunks_per_step < num_chunks``) cannot do.
+
+    Raises:
+        ValueError: ``halo_gradients`` ``"stale"`` or ``"fresh"`` with several steps an epoch: both hand a halo row's
+            gradient to its owner chunk within or after the epoch, but with several optimizer steps an epoch the owner
+            ran under other weights (GNNAutoScale's rule drops them: ``"detach"``, what ``"auto"`` chooses).
+    """
+    steps = datamodule.steps_per_epoch
+    if steps > 1 and halo_gradients not in ("detach", HALO_AUTO):
+        raise ValueError(
+            f"{where}: `halo_gradients={halo_gradients!r}` needs one training step an epoch, but the DataModule runs "
+            f"{steps} (got chunks_per_step={datamodule.chunks_per_step} of num_chunks={datamodule.num_chunks}). "
+            "Use halo_gradients='detach' (or 'auto'), or chunks_per_step=None."
+        )
+
+
 def check_layout(
     module: nn.Module, datamodule: Optional[object], num_stages: int, schedule: str, fitting: bool = True,
     graph_parallel_size: int = 1, stages_per_rank: int = 1, world_size: Optional[int] = None,
-    evaluation: str = "auto",
+    evaluation: str = "auto", halo_gradients: str = HALO_AUTO,
 ) -> LayerStack:
     """Validate everything the pipeline needs and return the model's layer stack.
 
@@ -218,6 +239,7 @@ def check_layout(
         stages_per_rank: ``v``; the layers are cut into ``S * v`` virtual stages.
         world_size: ``P = S * G`` processes (default ``S * G``).
         evaluation: The strategy's ``evaluation`` (:func:`resolve_evaluation`).
+        halo_gradients: The strategy's ``halo_gradients`` (:func:`check_steps`).
 
     Raises:
         TypeError: No ``GraphChunkDataModule``, or no splittable layer stack.
@@ -225,7 +247,9 @@ def check_layout(
             ``G``, more (virtual) stages than layers, a multi-hop conv, a graph-wide norm layer (see
             :func:`~lightning_gnnpipe.nn.feature_norm.check_feature_norms`), a schedule that cannot run with
             the given ``K``, ``S`` and ``v`` (:func:`~lightning_gnnpipe.pipeline.schedule.check_schedule`), or a
-            multi-stage schedule with ``G > 1``, or ``evaluation="graph_parallel"`` with ``K < S``. Whether the loss
+            multi-stage schedule with ``G > 1``, or ``evaluation="graph_parallel"`` with ``K < S``, or
+            ``halo_gradients`` ``"stale"``/``"fresh"`` with several steps an epoch (:func:`check_steps`); the
+            schedule's rule is checked on the chunks of one step (``chunks_per_step / G``). Whether the loss
             can drive a schedule other than GPipe is decided at setup
             (:mod:`~lightning_gnnpipe.strategy.schedule_choice`).
     """
@@ -248,6 +272,7 @@ def check_layout(
             f"(got datamodule={type(datamodule).__name__}). The strategy needs its chunk plan."
         )
     resolve_evaluation(evaluation, G, datamodule.num_chunks, num_stages)
+    check_steps(datamodule, halo_gradients)
     stack = find_layer_stack(module)
     check_one_hop(stack.blocks)
     check_feature_norms(stack.blocks)
@@ -268,7 +293,15 @@ def check_layout(
             f"requested (one per device) (got devices={num_stages}). Use at most {stack.num_layers} devices."
         ) from err
     if fitting:
-        check_schedule(schedule, datamodule.num_chunks // graph_parallel_size, num_stages, stages_per_rank)
+        try:
+            check_schedule(schedule, datamodule.chunks_per_step // graph_parallel_size, num_stages, stages_per_rank)
+        except ValueError as err:
+            if datamodule.steps_per_epoch == 1:
+                raise
+            raise ValueError(f"{err} With several steps an epoch the schedule's micro-batches are one step's chunks: "
+                             f"chunks_per_step={datamodule.chunks_per_step} (of num_chunks={datamodule.num_chunks})"
+                             f"{f' / graph_parallel_size={graph_parallel_size}' if graph_parallel_size > 1 else ''}; "
+                             "raise chunks_per_step.") from None
     return stack
 
 

@@ -45,10 +45,9 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
     ``torch.distributed.pipelining`` schedule. Each stage keeps a history table per layer; a chunk reads its halo
     rows fresh if the halo's chunk already passed that layer in this epoch, historical otherwise (GNNPipe, arXiv
     2308.10087, Sec. 4). One optimizer step per epoch, gradients accumulated over all chunks, loss normalised over
-    the whole graph.
-
-    Training runs the user's unchanged ``training_step`` on the full-graph output (broadcast from the last stage, so
-    every rank logs the same values). Validation, test and predict run an exact forward: the full-graph metrics.
+    the whole graph; or ``K / c`` steps of ``c`` chunks each (``GraphChunkDataModule(chunks_per_step=c)``). Training
+    runs the user's unchanged ``training_step`` on the full-graph output (broadcast from the last stage, so every rank
+    logs the same values). Validation, test and predict run an exact forward: the full-graph metrics.
 
     Args:
         schedule: ``"auto"`` (default): ``"1f1b"`` when the ``training_step`` loss is a sum of per-node terms (checked
@@ -185,13 +184,14 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         stack = check_layout(module, datamodule if datamodule is not None else trainer.datamodule, self.num_stages,
                              self.schedule_name, fitting=trainer.state.fn in (None, TrainerFn.FITTING),
                              graph_parallel_size=self.graph_parallel_size, stages_per_rank=self.stages_per_rank,
-                             world_size=self.num_nodes * self.num_processes, evaluation=self.evaluation)
+                             world_size=self.num_nodes * self.num_processes, evaluation=self.evaluation,
+                             halo_gradients=self.halo_gradients)
         check_lightning_usage(trainer, module, stack, "GNNPipeStrategy")
         return stack
 
     # ------------------------------------------------------------------ building the pipeline
     def _build(self, trainer: Trainer) -> None:
-        stack, plan, data, x = self._prepare(trainer)
+        (stack, plan, data, x), dm = self._prepare(trainer), trainer.datamodule
         topo, rank = self.topology, self.global_rank
         virtual = stage_layers(self.balance, stack.blocks, topo.num_virtual_stages, plan, data.edge_index, x)
         ranks = topo.virtual_stage_ranks  # stage i runs on pipeline position ranks[i]
@@ -205,7 +205,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
         autocast = (self._boundary_dtype or x.dtype) != x.dtype
         every = resolve_refresh_every(self.refresh_every, trainer, self.lightning_module, autocast)
         halo_grads = self.broadcast(resolve_halo_gradients(self.halo_gradients, every, self.schedule_name,  # rank 0's
-            self.graph_parallel_size, stack.blocks, trainer.state.fn == TrainerFn.FITTING))
+            self.graph_parallel_size, stack.blocks, trainer.state.fn == TrainerFn.FITTING, dm.steps_per_epoch))
         runtime = self._runtime = PipelineRuntime(
             stack.blocks, virtual, self._dims, plan, data.edge_index, x, layout, self.root_device, self.comm_stats,
             self.history_momentum, halo_grads, self._boundary_dtype, self.activation_checkpointing,
@@ -215,19 +215,19 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             self.stage_index, self._pp_group, self.root_device, runtime.boundary_dtype != x.dtype, self._dims, virtual)
         check_stage_widths(runtime.widths, self._pp_group)
         self._history = HistoryLifecycle(runtime.stages, self._exact_forward, every, self.log_staleness,
-                                         runtime.stale_stats(trainer.datamodule), autocast)
+                                         runtime.stale_stats(dm), autocast)
         if trainer.state.fn == TrainerFn.FITTING:
             self._loss = UserLoss(self.lightning_module, stack.module, runtime.stages[-1].graph.nodes)
-            batch = self.batch_to_device(trainer.datamodule.data)
+            batch = self.batch_to_device(dm.data)
             probe = probe_on_one_rank(lambda: self._loss.probe(batch, self._dims[-1], x.dtype, self.root_device),
                                       topo.virtual_stage_ranks[-1], rank, self.broadcast)
             choice = self.schedule_choice = choose_schedule(
-                self.schedule_name, plan.num_chunks // self.graph_parallel_size, self.num_stages,
+                self.schedule_name, dm.chunks_per_step // self.graph_parallel_size, self.num_stages,
                 has_chunk_loss(self.lightning_module), probe)
             if choice.reason is not None:
                 rank_zero_info(f"GNNPipeStrategy: schedule 'gpipe', not '1f1b': {choice.reason}.")
             self._loss.loss_mode = choice.loss_mode
-            runtime.build_schedule(choice.schedule, choice.loss_mode)
+            runtime.build_schedule(choice.schedule, choice.loss_mode, dm.chunks_per_step)
 
     def _graph_tensors_done(self, data: Any) -> List[Tensor]:  # stage 0 reads the features (and a stage making x0)
         first = self._runtime is not None and any(stage.x is not None for stage in self._runtime.stages)
@@ -251,15 +251,15 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
 
     # ------------------------------------------------------------------ steps
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        assert self._runtime is not None and self._history is not None and self._stack is not None
-        assert self._loss is not None
+        assert self._runtime is not None and self._history is not None and self._stack is not None and self._loss
         lm, batch = self.lightning_module, args[0]
         self._begin_step()
         self._history.before_epoch(lm.trainer.current_epoch, lambda name, value: lm.log(name, value, batch_size=1,
             on_step=False, on_epoch=True, sync_dist=True), lm.trainer.global_step)  # the same on every rank
+        chunks = getattr(batch, "chunk_ids", None)  # several steps an epoch: this step's chunks (data/steps.py)
         with self.precision_plugin.train_step_context():
             try:
-                logits, output = self._runtime.step(*self._loss.for_step(batch, args, kwargs))
+                logits, output = self._runtime.step(*self._loss.for_step(batch, args, kwargs), chunks=chunks)
             except RuntimeError as exc:
                 original = unwrap_stage_error(exc)
                 if original is exc:
@@ -295,6 +295,5 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
         strategy_registry.register(cls.strategy_name, cls, description="GNNPipe pipelined GNN training (spawn)")
-        strategy_registry.register(
-            "gnnpipe_popen", cls, description="GNNPipe pipelined GNN training (popen)", start_method="popen"
-        )
+        strategy_registry.register("gnnpipe_popen", cls, description="GNNPipe pipelined GNN training (popen)",
+                                   start_method="popen")

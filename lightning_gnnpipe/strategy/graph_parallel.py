@@ -103,8 +103,8 @@ class GraphParallelStrategy(WholeGraphStrategy):
 
         Raises:
             TypeError: No ``GraphChunkDataModule`` or no splittable layer stack.
-            ValueError: ``num_chunks`` differs from the number of processes, a multi-hop conv or a
-                graph-wide norm layer.
+            ValueError: ``num_chunks`` differs from the number of processes, ``chunks_per_step`` below it (several
+                steps an epoch), a multi-hop conv or a graph-wide norm layer.
         """
         module = module if module is not None else trainer.lightning_module
         datamodule = datamodule if datamodule is not None else trainer.datamodule
@@ -118,6 +118,13 @@ class GraphParallelStrategy(WholeGraphStrategy):
                 f"GraphParallelStrategy: the DataModule's `num_chunks` must equal the number of processes "
                 f"{self.num_parts}, one graph part per process (got num_chunks={datamodule.num_chunks}). "
                 f"Use GraphChunkDataModule(data, num_chunks={self.num_parts})."
+            )
+        if datamodule.steps_per_epoch > 1:
+            raise ValueError(
+                "GraphParallelStrategy: every training step is an exact full-graph step, one partition per process, "
+                f"so the DataModule must run all its chunks in one step (got chunks_per_step="
+                f"{datamodule.chunks_per_step} of num_chunks={datamodule.num_chunks}). Leave chunks_per_step=None, "
+                "or train several steps an epoch with GNNPipeStrategy."
             )
         stack = find_layer_stack(module)
         check_one_hop(stack.blocks)
