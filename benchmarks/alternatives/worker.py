@@ -218,9 +218,8 @@ def _neighbor_rank(rank: int, spec: dict, data, run_dir: Path, port: int) -> Non
         t0, total, steps = time.perf_counter(), 0.0, 0
         for batch in loader:
             opt.zero_grad()
-            if spec["model"] == "gcnii16":
-                exact_adjacency(model, spec["model"], batch)  # normalise on the sampled subgraph
-            out = ddp(batch.x, batch.edge_index)[:batch.batch_size]
+            adj = exact_adjacency(model, spec["model"], batch)  # CSR; GCNII's normalisation on the sampled subgraph
+            out = ddp(batch.x, adj)[:batch.batch_size]
             loss = F.cross_entropy(out, batch.y[:batch.batch_size])
             loss.backward()
             opt.step()
