@@ -165,8 +165,14 @@ def run(spec: Dict[str, Any], accelerator: str, backend: str, epochs: int = EPOC
 
 
 def check_fit(name: str, ctx: Context) -> Result:
-    """One-rank fit on ``ctx.device`` against the same fit on the CPU with gloo."""
+    """One-rank fit on ``ctx.device`` against the same fit on the CPU with gloo (SKIP for a schedule this torch cannot
+    run, with the reason the strategy gives)."""
+    from lightning_gnnpipe.pipeline.schedule import unavailable
+
     spec = fit_spec(name, ctx.graph)
+    why = unavailable(spec.get("strategy_kwargs", {}).get("schedule", ""))
+    if why is not None:
+        return Result(f"fit_{name}", "SKIP", why)
     ref = one_rank([run(spec, "cpu", "gloo")], Context(torch.device("cpu"), "gloo"))["fits"][0]["losses"]
     ctx.needs_cuda(f"fit_{name} on CUDA with NCCL (its CPU/gloo reference ran: losses {[round(x, 6) for x in ref]})")
     got = one_rank([run(spec, ctx.accelerator, ctx.backend)], ctx)

@@ -19,6 +19,19 @@ from torch_geometric.utils import stochastic_blockmodel_graph
 from lightning_gnnpipe.nn.stack import BlockStack, NodeWise
 
 
+def needs_schedule(name: str):
+    """Skip a test of schedule ``name`` on a torch that cannot run it, with the reason the strategy gives."""
+    from lightning_gnnpipe.pipeline.schedule import unavailable
+
+    why = unavailable(name)
+    return pytest.mark.skipif(why is not None, reason=why or "")
+
+
+def schedule_params(names):
+    """``names`` as pytest params, each skipped on a torch that cannot run it (:func:`needs_schedule`)."""
+    return [pytest.param(name, marks=needs_schedule(name)) for name in names]
+
+
 @pytest.fixture()
 def one_thread():
     """Run the test with one intra-op thread: on a busy 2-core machine two threads are 10-100x slower."""

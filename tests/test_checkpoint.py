@@ -29,7 +29,8 @@ from lightning_gnnpipe.pipeline.stage import GNNStage
 from lightning_gnnpipe.strategy.checkpoint import (CHECKPOINT_KEY, _rng_to_plain, collect_rng_states,
                                                    read_history_tables, restore_history, restore_rng,
                                                    save_history_tables, set_rng_states, tables_to_save)
-from tests.helpers import ChunkLossGCN, GCNModule, MetricRecorder, fit, losses, read_metrics, sbm_graph
+from tests.helpers import (ChunkLossGCN, GCNModule, MetricRecorder, fit, losses, read_metrics, sbm_graph,
+                           schedule_params)
 from tests.reference import chunked_reference, exact_inputs, gcn_layer, layer_major_reference
 from tests.scenarios import DropoutGCN, losses_job, rewrite_history, warnings_job
 from tests.world import run_world, values
@@ -232,7 +233,7 @@ def _losses(dm, module_cls=ChunkLossGCN, **kwargs):
     return out[0]
 
 
-@pytest.mark.parametrize("name", PIPELINES)
+@pytest.mark.parametrize("name", schedule_params(PIPELINES))
 def test_pipeline_resume_with_and_without_history_tables(tmp_path, graph, name):
     dm = GraphChunkDataModule(graph, num_chunks=4)
     opts = PIPELINES[name]

@@ -78,6 +78,19 @@ def test_bad_stages_per_rank(kwargs, match):
         GNNPipeStrategy(**kwargs)
 
 
+@pytest.mark.parametrize("version,refused", [("2.11.0+cu130", True), ("2.12.1", True), ("2.13.0+cpu", False)])
+def test_zbv_is_refused_on_a_torch_that_cannot_run_it(monkeypatch, version, refused):
+    """On torch 2.11 ZB-V's stages fail to connect ("Pair is not connected"): the strategy refuses it when it is built,
+    naming the schedule, the torch found and the torch needed."""
+    monkeypatch.setattr(torch, "__version__", version)
+    if not refused:
+        GNNPipeStrategy(schedule="zbv", stages_per_rank=2)
+        return
+    with pytest.raises(ValueError, match=rf"schedule 'zbv' needs torch >= 2.13 \(got torch {re.escape(version)}\)"):
+        GNNPipeStrategy(schedule="zbv", stages_per_rank=2)
+    GNNPipeStrategy(schedule="interleaved_zb", stages_per_rank=2)  # the other multi-stage schedules run there
+
+
 def test_more_virtual_stages_than_layers(graph):
     with pytest.raises(ValueError, match=r"the model has 4 layers but 2 devices x 3 `stages_per_rank` = 6 virtual "
                                          r"stages"):

@@ -5,7 +5,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule
-from tests.helpers import ChunkLossGCN, GCNModule, MetricRecorder, fit, losses, sbm_graph
+from tests.helpers import ChunkLossGCN, GCNModule, MetricRecorder, fit, losses, sbm_graph, schedule_params
 from tests.reference import chunked_reference, layer_major_reference
 
 EPOCHS = 5
@@ -41,7 +41,7 @@ def test_four_chunks_equal_sequential_reference(tmp_path, graph, stages, schedul
         assert losses(r) == losses(ranks[-1])
 
 
-@pytest.mark.parametrize("schedule", ["interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv"])
+@pytest.mark.parametrize("schedule", schedule_params(["interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv"]))
 def test_multi_stage_schedules_equal_sequential_reference(tmp_path, graph, schedule):
     # S = 2 ranks x v = 2 stages per rank: 4 one-layer stages (zbv: the last one on rank 0), K = 4; historical rows
     dm = GraphChunkDataModule(graph, num_chunks=4)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from checks import gpu_check
+from lightning_gnnpipe.pipeline.schedule import unavailable
 from tests.helpers import sbm_graph  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,8 +47,9 @@ def test_checks_pass_on_the_cpu_with_gloo_in_place_of_nccl():
     names = ["fit_gnnpipe_gpipe", "fit_zbv", "resume", "boundary_tensors", "host_syncs", "deterministic"]
     lines = values(run_world(1, _checks_on_cpu, names, timeout=240))[0]
     print("\n".join(lines))
+    zbv = "SKIP fit_zbv" if unavailable("zbv") else "PASS fit_zbv"  # torch 2.11, 2.12: refused with its reason
     assert [line.split(":")[0] for line in lines] == [
-        "PASS fit_gnnpipe_gpipe", "PASS fit_zbv", "PASS resume", "PASS boundary_tensors", "SKIP host_syncs",
+        "PASS fit_gnnpipe_gpipe", zbv, "PASS resume", "PASS boundary_tensors", "SKIP host_syncs",
         "PASS deterministic", "SKIP nccl2_gnnpipe", "SKIP nccl2_graph_parallel", "SKIP nccl2_hybrid"]
     assert "max |loss diff| 0.0e+00" in lines[0] and "bit for bit" in lines[2]
     assert "activation (76, 32) bfloat16; gradient (76, 32) bfloat16" in lines[3]

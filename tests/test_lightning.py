@@ -12,7 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule
 from lightning_gnnpipe.strategy.checkpoint import read_history_tables
-from tests.helpers import ChunkLossGCN, GCNModule, MetricRecorder, fit, losses, read_metrics, sbm_graph
+from tests.helpers import (ChunkLossGCN, GCNModule, MetricRecorder, fit, losses, needs_schedule, read_metrics,
+                           sbm_graph)
 from tests.world import run_world, values
 
 
@@ -91,6 +92,7 @@ def probe(out):
     return (out * weights).sum()
 
 
+@needs_schedule("zbv")
 def test_multi_stage_checkpoint_and_exact_eval(tmp_path, graph):
     # zbv: rank 0 holds stages 0 and 3 (layers 0 and 3, and the loss), rank 1 stages 1 and 2.
     dm = GraphChunkDataModule(graph, num_chunks=4)

@@ -20,7 +20,7 @@ import torch
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule
 from lightning_gnnpipe.pipeline.schedule import MULTI_STAGE_SCHEDULES
-from tests.helpers import MetricRecorder, fit, read_metrics, sbm_graph
+from tests.helpers import MetricRecorder, fit, read_metrics, sbm_graph, schedule_params
 from tests.reference import chunked_reference, layer_major_reference
 from tests.test_exactness import SaveWeights, SGDChunkLossGCN, _trained
 
@@ -69,7 +69,7 @@ def assert_equal_to_reference(trained: State, expected: State) -> None:
     assert max(errors.values()) <= ATOL, f"largest |trained - reference| per parameter: {errors}"
 
 
-@pytest.mark.parametrize("schedule", sorted(MULTI_STAGE_SCHEDULES))
+@pytest.mark.parametrize("schedule", schedule_params(sorted(MULTI_STAGE_SCHEDULES)))
 def test_multi_stage_schedules_sgd_parameters_equal_the_reference(tmp_path, graph, schedule):
     """2 ranks x 2 stages per rank (4 one-layer stages; zbv: the last on rank 0), K = 4: the chunked reference."""
     dm = GraphChunkDataModule(graph, num_chunks=4)

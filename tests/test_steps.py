@@ -11,7 +11,7 @@ from lightning.pytorch import Trainer
 
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule, GraphParallelStrategy
 from lightning_gnnpipe.data.steps import step_groups
-from tests.helpers import ChunkLossGCN, GCNModule, MetricRecorder, fit, losses, sbm_graph
+from tests.helpers import ChunkLossGCN, GCNModule, MetricRecorder, fit, losses, sbm_graph, schedule_params
 from tests.reference import chunked_reference
 
 EPOCHS = 4
@@ -119,14 +119,22 @@ def test_steps_equal_the_sequential_reference(tmp_path, graph, stages, schedule,
     assert ranks[0][-1]["gnnpipe/stale_edge_fraction"] == pytest.approx(dm.step_read_stats(EPOCHS - 1)[0])
 
 
-@pytest.mark.parametrize("schedule", ["interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv"])
+@pytest.mark.parametrize("schedule", schedule_params(["interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv"]))
 def test_steps_under_multi_stage_schedules_equal_the_sequential_reference(tmp_path, graph, schedule):
-    """2 ranks x 2 stages each, K = 8, 4 chunks a step; no refresh (historical rows)."""
+    """2 ranks x 2 stages each, K = 8, 4 chunks a step, no refresh (historical rows), plain SGD (lr 0.5): every epoch's
+    loss and the parameters after 8 steps equal the reference's within 1e-5."""
+    from tests.test_exactness import SaveWeights, _trained
+
     dm = GraphChunkDataModule(graph, num_chunks=8, chunks_per_step=4)
-    ref = chunked_reference(ChunkLossGCN(16, 32, 4, 4), graph, dm.plan, EPOCHS, groups=dm.step_groups)
-    ranks = fit(str(tmp_path), ChunkLossGCN(16, 32, 4, 4), dm, devices=2,
-                strategy=GNNPipeStrategy(schedule=schedule, stages_per_rank=2, refresh_every=0), epochs=EPOCHS)
+    reference = SGDChunkLossGCN(16, 32, 4, 4, lr=0.5)
+    ref = chunked_reference(reference, graph, dm.plan, EPOCHS, groups=dm.step_groups)
+    ranks = fit(str(tmp_path), SGDChunkLossGCN(16, 32, 4, 4, lr=0.5), dm, devices=2,
+                strategy=GNNPipeStrategy(schedule=schedule, stages_per_rank=2, refresh_every=0), epochs=EPOCHS,
+                callbacks=[MetricRecorder(str(tmp_path)), SaveWeights(tmp_path / "p.ckpt")])
     torch.testing.assert_close(losses(ranks[0]), ref, atol=1e-5, rtol=0)
+    trained = _trained(tmp_path / "p.ckpt")
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=0, msg=name)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -178,3 +186,23 @@ def test_what_several_steps_cannot_do_is_refused_before_any_process_starts(graph
     with pytest.raises(ValueError, match="one step's chunks: chunks_per_step=2"):
         Trainer(strategy=GNNPipeStrategy(schedule="1f1b"), **{**kwargs, "devices": 4}).fit(
             ChunkLossGCN(16, 32, 4, 4), GraphChunkDataModule(graph, num_chunks=8, chunks_per_step=2))
+
+
+class ReadsEveryRow(GCNModule):
+    """A loss with a term over every node's output: on one device it trains through rows no step of some chunks
+    computes."""
+
+    def training_step(self, batch, batch_idx):
+        out = self(batch.x, batch.edge_index)
+        return torch.nn.functional.cross_entropy(out[batch.train_mask], batch.y[batch.train_mask]) \
+            + 1e-3 * out.pow(2).mean()
+
+
+def test_a_loss_that_reads_rows_outside_the_step_is_refused(tmp_path, graph):
+    dm = GraphChunkDataModule(graph, num_chunks=4, chunks_per_step=2)
+    with pytest.raises(AssertionError, match=r"ValueError: GNNPipeStrategy: with chunks_per_step=2 < num_chunks=4 a "
+                                             r"step's loss may read only the rows of its chunks .* reaches \d+ rows"):
+        fit(str(tmp_path / "steps"), ReadsEveryRow(16, 32, 4, 4), dm, devices=2, strategy=GNNPipeStrategy(),
+            epochs=1)
+    fit(str(tmp_path / "one"), ReadsEveryRow(16, 32, 4, 4), GraphChunkDataModule(graph, num_chunks=4), devices=2,
+        strategy=GNNPipeStrategy(), epochs=1)  # one step an epoch: every row is the step's

@@ -90,7 +90,8 @@ def test_wire_gnnpipe_gpipe_with_validation_checkpoints_and_resume(tmp_path, gra
     calls = out[0]["wire"]["calls"]
     print("wire calls (rank 0):", dict(sorted(calls.items())))
     for result in out:
-        assert P2P | {"send", "recv", "broadcast", "all_gather", "all_reduce", "gather"} <= set(result["wire"]["calls"])
+        # the pipelined exact forward sends with `send` and receives with `recv` (torch 2.13) or `irecv` (2.11)
+        assert P2P | {"send", "broadcast", "all_gather", "all_reduce", "gather"} <= set(result["wire"]["calls"])
         assert "torch.float32" in result["wire"]["dtypes"]["isend"]
         _graph_moved_once(result, graph)
     full, resumed = out[0]["fits"][0]["losses"], out[0]["fits"][1]["losses"]
@@ -100,12 +101,15 @@ def test_wire_gnnpipe_gpipe_with_validation_checkpoints_and_resume(tmp_path, gra
 
 def test_wire_gnnpipe_1f1b_bf16_clipping_and_zbv(graph):
     """1F1B under bf16-mixed with global-norm clipping (bfloat16 activations between the stages), then ZB-V with two
-    stages on each rank."""
+    stages on each rank (interleaved zero bubble on a torch that cannot run ZB-V)."""
+    from lightning_gnnpipe.pipeline.schedule import unavailable
+
     dm = GraphChunkDataModule(graph, num_chunks=4)
+    two_stages = "zbv" if unavailable("zbv") is None else "interleaved_zb"
     runs = [dict(module=ChunkLossGCN(16, 32, 4, 4), datamodule=dm, devices=2, epochs=2, precision="bf16-mixed",
                  gradient_clip_val=0.5, strategy_kwargs={"schedule": "1f1b"}),
             dict(module=ChunkLossGCN(16, 32, 4, 4), datamodule=dm, devices=2, epochs=2,
-                 strategy_kwargs={"schedule": "zbv", "stages_per_rank": 2})]
+                 strategy_kwargs={"schedule": two_stages, "stages_per_rank": 2})]
     out = _agree(run_world(2, wire_job, runs, timeout=240))
     for result in out:
         wire = result["wire"]

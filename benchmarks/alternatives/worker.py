@@ -9,7 +9,8 @@ took this many seconds), ``epochs`` (a fixed number instead: timing runs), and f
 
 * ``exact``: one process, 2 threads, a plain PyTorch loop on a CSR adjacency (one Adam step an epoch);
 * ``gnnpipe``: ``Trainer(devices=2, strategy=GNNPipeStrategy(...))`` with ``EarlyStopping``;
-* ``cluster_gcn``: one process, 2 threads, Cluster-GCN's batches (:class:`~benchmarks.alternatives.baselines.ClusterBatches`);
+* ``cluster_gcn``: one process, 2 threads, Cluster-GCN's batches (:class:`~benchmarks.alternatives.baselines.ClusterBatches`;
+  ``cluster_parts`` clusters, ``cluster_batch`` a batch, default PyG's example's 1,500 and 20);
 * ``neighbor_ddp``: 2 processes (gloo, one thread each), ``NeighborLoader`` + ``DistributedDataParallel``.
 
 Every method validates with the exact full-graph forward after every epoch (the mini-batch methods in one process on
@@ -37,13 +38,24 @@ from lightning.pytorch.callbacks import EarlyStopping
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.alternatives.baselines import (NEIGHBOR_BATCH, ClusterBatches, neighbor_fanouts)  # noqa: E402
+from benchmarks.alternatives.baselines import (CLUSTER_BATCH, CLUSTER_PARTS, NEIGHBOR_BATCH, ClusterBatches,  # noqa: E402
+                                               neighbor_fanouts)
 from benchmarks.harness.memory import MemorySampler  # noqa: E402
 from benchmarks.time_to_accuracy.models import DEPTH, LEARNING_RATE, Classifier, accuracies, build_model  # noqa: E402
 from benchmarks.time_to_accuracy.worker import Epochs, exact_adjacency, start_run  # noqa: E402
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule  # noqa: E402
 
 LONG = timedelta(hours=2)
+
+
+def stop_reason(spec: dict, rows: List[dict]) -> str:
+    """Why a run of ``spec`` with these epoch records ended, replaying :class:`Stopper` on them (the rule Lightning's
+    ``EarlyStopping`` applies inside the spawned ranks, where the launching process cannot read its state)."""
+    stop = Stopper(spec)
+    for e, row in enumerate(rows):
+        if stop.done(row, e):
+            return stop.why
+    return stop.why if len(rows) >= stop.max_epochs else "budget"
 
 
 class Stopper:
@@ -102,6 +114,7 @@ def train_epochs(spec: dict, data, model: torch.nn.Module, run: Callable[[], tor
         row["train_s"] = time.perf_counter() - t0
         row.update(validate(run, model, data))
         rows.append(row)
+        print(f"epoch {e}: {row}", flush=True)
         if stop.done(row, e):
             break
     spec["_stopped"] = stop.why
@@ -120,7 +133,7 @@ def run_exact(spec: dict, data) -> List[dict]:
         loss = F.cross_entropy(run()[data.train_mask], data.y[data.train_mask])
         loss.backward()
         opt.step()
-        return {"train_loss": float(loss), "steps": 1}
+        return {"train_loss": float(loss.detach()), "steps": 1}
 
     return train_epochs(spec, data, model, run, epoch)
 
@@ -128,7 +141,8 @@ def run_exact(spec: dict, data) -> List[dict]:
 def run_cluster_gcn(spec: dict, data) -> List[dict]:
     """Cluster-GCN in one process (2 threads): an Adam step per batch of clusters, exact validation per epoch."""
     torch.set_num_threads(2)
-    batches = ClusterBatches(data, seed=spec["seed"])
+    batches = ClusterBatches(data, num_parts=spec.get("cluster_parts", CLUSTER_PARTS),
+                             batch_size=spec.get("cluster_batch", CLUSTER_BATCH), seed=spec["seed"])
     spec["_metis_s"] = batches.metis_s
     model = build_model(spec["model"], data.num_features, int(data.y.max()) + 1, spec["seed"])
     opt = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE[spec["model"]])
@@ -144,10 +158,19 @@ def run_cluster_gcn(spec: dict, data) -> List[dict]:
             loss.backward()
             opt.step()
             nodes = int(batch.train_mask.sum())
-            total, labelled, steps = total + float(loss) * nodes, labelled + nodes, steps + 1
+            total, labelled, steps = total + float(loss.detach()) * nodes, labelled + nodes, steps + 1
         return {"train_loss": total / max(labelled, 1), "steps": steps}
 
     return train_epochs(spec, data, model, full_graph(model, spec["model"], data), epoch)
+
+
+class Progress(Callback):
+    """Print every validation's accuracy on rank 0 (the run's log)."""
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.global_rank == 0 and not trainer.sanity_checking:
+            print(f"epoch {trainer.current_epoch}: val_acc {float(trainer.callback_metrics.get('val_acc', -1)):.4f}",
+                  flush=True)
 
 
 class Budget(Callback):
@@ -174,7 +197,7 @@ def run_gnnpipe(spec: dict, data, run_dir: Path) -> List[dict]:
                               chunk_groups=spec.get("chunk_groups", "fixed"))
     module = Classifier(build_model(spec["model"], data.num_features, int(data.y.max()) + 1, spec["seed"]),
                         LEARNING_RATE[spec["model"]])
-    callbacks: List[Callback] = [Epochs(run_dir), Budget(spec.get("budget_s"))]
+    callbacks: List[Callback] = [Epochs(run_dir), Budget(spec.get("budget_s")), Progress()]
     if spec.get("epochs") is None and spec.get("patience") is not None:
         callbacks.append(EarlyStopping(monitor="val_acc", mode="max", patience=spec["patience"]))
     trainer = Trainer(accelerator="cpu", devices=2, strategy=GNNPipeStrategy(**options),
@@ -188,9 +211,7 @@ def run_gnnpipe(spec: dict, data, run_dir: Path) -> List[dict]:
         row["train_s"] = max(r[e]["train_s"] for r in ranks)
         row["val_s"] = max(r[e]["val_s"] for r in ranks)
         row["steps"] = dm.steps_per_epoch
-    stopped = [c for c in callbacks if isinstance(c, EarlyStopping) and c.stopped_epoch > 0]
-    spec["_stopped"] = "early stopping" if stopped else ("budget" if len(rows) < trainer.max_epochs
-                                                         else "max epochs")
+    spec["_stopped"] = stop_reason(spec, rows)
     return rows
 
 
@@ -223,7 +244,7 @@ def _neighbor_rank(rank: int, spec: dict, data, run_dir: Path, port: int) -> Non
             loss = F.cross_entropy(out, batch.y[:batch.batch_size])
             loss.backward()
             opt.step()
-            total, steps = total + float(loss), steps + 1
+            total, steps = total + float(loss.detach()), steps + 1
         dist.barrier()
         row = {"train_s": time.perf_counter() - t0, "train_loss": total / max(steps, 1), "steps": steps}
         if rank == 0:
@@ -234,6 +255,8 @@ def _neighbor_rank(rank: int, spec: dict, data, run_dir: Path, port: int) -> Non
         dist.broadcast(verdict, src=0)
         row.update(val_s=float(verdict[0]), val_acc=float(verdict[1]), test_acc=float(verdict[2]))
         rows.append(row)
+        if rank == 0:
+            print(f"epoch {epoch}: {row}", flush=True)
         if stop.done(row, epoch):
             break
     if rank == 0:

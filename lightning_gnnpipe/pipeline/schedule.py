@@ -13,7 +13,7 @@ V shape of ZB-V (rank ``r`` holds ``r`` and ``2S - 1 - r``, arXiv 2401.10241 Sec
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -34,11 +34,45 @@ MULTI_STAGE_SCHEDULES: Dict[str, type] = {
 SCHEDULES: Dict[str, type] = {**SINGLE_STAGE_SCHEDULES, **MULTI_STAGE_SCHEDULES}
 """Schedule names accepted by :class:`~lightning_gnnpipe.GNNPipeStrategy`."""
 
+NEEDS_TORCH: Dict[str, Tuple[int, int]] = {"zbv": (2, 13)}
+"""Schedules that need a newer torch than the oldest one supported (2.11): on torch 2.11 ZB-V's stages fail to connect
+over gloo while the schedule initialises them (``RuntimeError: ... Pair is not connected``)."""
+
 AUTO = "auto"
 """The default schedule name: ``"1f1b"`` where the loss and ``K >= S`` allow it, else ``"gpipe"``
 (:func:`~lightning_gnnpipe.strategy.schedule_choice.choose_schedule`)."""
 
 _ROUNDS_RULE = ("interleaved_1f1b", "interleaved_zb")
+
+
+def torch_release(version: str = torch.__version__) -> Tuple[int, int]:
+    """``(major, minor)`` of a torch version string such as ``"2.11.0+cu130"``."""
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def unavailable(schedule: str, version: Optional[str] = None) -> Optional[str]:
+    """Why ``schedule`` cannot run on torch ``version`` (default: the installed one; :data:`NEEDS_TORCH`), or ``None``
+    where it can."""
+    version = version or torch.__version__
+    need = NEEDS_TORCH.get(schedule)
+    if need is None or torch_release(version) >= need:
+        return None
+    return (f"schedule {schedule!r} needs torch >= {need[0]}.{need[1]} (got torch {version}): on older torch its "
+            "stages fail to connect while the schedule initialises them")
+
+
+def check_torch_for(schedule: str, version: Optional[str] = None) -> None:
+    """Refuse a schedule torch ``version`` (default: the installed one) cannot run (:func:`unavailable`), before any
+    process group starts.
+
+    Raises:
+        ValueError: Naming the schedule, the torch version found and the version it needs.
+    """
+    why = unavailable(schedule, version)
+    if why is not None:
+        raise ValueError(f"GNNPipeStrategy: {why}. Use schedule 'interleaved_zb' or 'interleaved_1f1b' with "
+                         "stages_per_rank=2, or a newer torch.")
 
 
 def is_multi_stage(schedule: str) -> bool:

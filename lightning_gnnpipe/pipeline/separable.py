@@ -82,3 +82,19 @@ def probe_row_separable(loss_of: LossOf, num_nodes: int, num_classes: int, chunk
             return (f"the gradient of the `training_step` loss on chunk {c}'s rows changed by {diff:.3g} (largest "
                     f"gradient entry {scale:.3g}) when the other rows changed, so the loss mixes nodes' outputs")
     return None
+
+
+def rows_outside(loss_of: LossOf, num_nodes: int, num_classes: int, rows: Tensor, dtype: torch.dtype = torch.float32,
+                 device: Optional[torch.device] = None, seed: int = 0) -> int:
+    """How many rows outside ``rows`` ``(n,)`` the loss's gradient reaches, on one random output ``(|V|, C)``.
+
+    With several steps an epoch only a step's chunks have output rows (the others are zero): a loss that reads other
+    rows would train differently from one device. Deterministic (its own generator). Raises ``RuntimeError`` if the
+    loss does not depend on the output.
+    """
+    device = device if device is not None else rows.device
+    gen = torch.Generator().manual_seed(seed)
+    grad = _grad_on(loss_of, torch.randn(num_nodes, num_classes, generator=gen).to(device=device, dtype=dtype))
+    reached = grad.abs().sum(1) > 0
+    reached[rows.to(device)] = False
+    return int(reached.sum())

@@ -16,7 +16,7 @@ from lightning_gnnpipe.nn.dropout import first_dropout
 from lightning_gnnpipe.nn.feature_norm import check_feature_norms
 from lightning_gnnpipe.nn.gcn_norm import check_one_hop
 from lightning_gnnpipe.nn.stack import LayerStack, find_layer_stack
-from lightning_gnnpipe.pipeline.schedule import check_schedule, is_multi_stage
+from lightning_gnnpipe.pipeline.schedule import check_schedule, check_torch_for, is_multi_stage
 from lightning_gnnpipe.pipeline.split import split_layers
 
 
@@ -164,7 +164,8 @@ def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: A
             (:func:`~lightning_gnnpipe.pipeline.schedule.check_schedule`), ``refresh_every`` neither ``"auto"`` nor an
             int >= 0, ``history_momentum`` outside ``[0, 1)``, ``halo_gradients`` neither ``"auto"`` nor known,
             ``graph_parallel_size`` not an int >= 1, ``halo_gradients`` ``"stale"``/``"fresh"`` with hybrid
-            parallelism or a multi-stage schedule, or a multi-stage schedule with hybrid parallelism, a
+            parallelism or a multi-stage schedule, or a multi-stage schedule with hybrid parallelism, a schedule this
+            torch cannot run (:func:`~lightning_gnnpipe.pipeline.schedule.check_torch_for`), a
             ``history_dtype`` that is not a floating-point torch dtype or its name, an ``evaluation`` not in
             :data:`EVALUATIONS`, or ``"graph_parallel"`` with ``G > 1``.
     """
@@ -197,6 +198,7 @@ def check_pipeline_options(schedule: str, stages_per_rank: int, refresh_every: A
             "schedule 'gpipe'/'1f1b'."
         )
     check_not_multi_stage_hybrid(name, G)
+    check_torch_for(name)
     if evaluation not in EVALUATIONS:
         raise ValueError(f"GNNPipeStrategy: `evaluation` must be one of {EVALUATIONS} (got {evaluation!r}).")
     if evaluation == "graph_parallel" and G > 1:

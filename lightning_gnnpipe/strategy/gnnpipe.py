@@ -218,6 +218,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
                                          runtime.stale_stats(dm), autocast)
         if trainer.state.fn == TrainerFn.FITTING:
             self._loss = UserLoss(self.lightning_module, stack.module, runtime.stages[-1].graph.nodes)
+            self._loss.check_steps(dm, self.batch_to_device, self._dims[-1], x.dtype, self.root_device)
             batch = self.batch_to_device(dm.data)
             probe = probe_on_one_rank(lambda: self._loss.probe(batch, self._dims[-1], x.dtype, self.root_device),
                                       topo.virtual_stage_ranks[-1], rank, self.broadcast)

@@ -17,7 +17,7 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
 from lightning_gnnpipe.pipeline.loss import labelled_chunks
-from lightning_gnnpipe.pipeline.separable import probe_row_separable
+from lightning_gnnpipe.pipeline.separable import probe_row_separable, rows_outside
 from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.quiet_step import quiet_step
 
@@ -66,6 +66,35 @@ class UserLoss:
 
         num_nodes = sum(int(n.numel()) for n in self.chunk_nodes)
         return probe_row_separable(loss_of, num_nodes, num_classes, self.chunk_nodes, dtype=dtype, device=device)
+
+    def check_steps(self, datamodule: Any, to_device: Callable[[Any], Any], num_classes: int, dtype: torch.dtype,
+                    device: torch.device) -> None:
+        """With several steps an epoch (``datamodule.chunks_per_step < num_chunks``), check on the first step's batch
+        that the ``training_step`` loss reads the rows of that step's chunks only (:func:`rows_outside`; every rank
+        computes the same answer).
+
+        Raises:
+            ValueError: The loss's gradient reaches rows outside the step's chunks (a term over every node, a mask
+                other than ``batch.train_mask``): it would train differently from one device.
+        """
+        if datamodule.steps_per_epoch == 1:
+            return
+        group = datamodule.step_groups(0)[0]
+        batch = to_device(datamodule.train_dataloader().dataset[tuple(group)])
+        rows = torch.cat([self.chunk_nodes[c] for c in group])
+
+        def loss_of(full: Tensor) -> Tensor:
+            with quiet_step(self.module):
+                return run_training_step(self.module, self.stack, full, batch, (batch, 0), {})[0]
+
+        outside = rows_outside(loss_of, sum(int(n.numel()) for n in self.chunk_nodes), num_classes, rows, dtype, device)
+        if outside:
+            raise ValueError(
+                f"GNNPipeStrategy: with chunks_per_step={datamodule.chunks_per_step} < num_chunks="
+                f"{datamodule.num_chunks} a step's loss may read only the rows of its chunks (their labelled nodes are "
+                f"batch.train_mask), but the `training_step` loss reaches {outside} rows outside the first step's "
+                f"chunks {group} (got a loss over other nodes). Compute it over batch.train_mask, or leave "
+                "chunks_per_step=None.")
 
     def for_step(self, batch: Any, args: tuple, kwargs: dict) -> Tuple[Callable, Callable]:
         """The ``(full_loss, chunk_loss)`` callables of one training step (``PipelineRuntime.step``'s arguments)."""
