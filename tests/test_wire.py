@@ -90,8 +90,8 @@ def test_wire_gnnpipe_gpipe_with_validation_checkpoints_and_resume(tmp_path, gra
     calls = out[0]["wire"]["calls"]
     print("wire calls (rank 0):", dict(sorted(calls.items())))
     for result in out:
-        # the pipelined exact forward sends with `send` and receives with `recv` (torch 2.13) or `irecv` (2.11)
-        assert P2P | {"send", "broadcast", "all_gather", "all_reduce", "gather"} <= set(result["wire"]["calls"])
+        # point-to-point transfers are isend/irecv (the stages') and, by torch release, blocking send/recv too
+        assert P2P | {"broadcast", "all_gather", "all_reduce", "gather"} <= set(result["wire"]["calls"])
         assert "torch.float32" in result["wire"]["dtypes"]["isend"]
         _graph_moved_once(result, graph)
     full, resumed = out[0]["fits"][0]["losses"], out[0]["fits"][1]["losses"]

@@ -61,8 +61,10 @@ def _steps(chunks: int, per_step: int, groups: str) -> dict:
 
 STEP_VARIANTS = {
     "ressage8": (_steps(8, 2, "fixed"), _steps(8, 2, "shuffle"), _steps(16, 4, "shuffle"), _steps(32, 4, "shuffle"),
-                 _steps(32, 4, "fixed"), _steps(32, 2, "shuffle"), _steps(64, 4, "shuffle"), _steps(64, 8, "shuffle")),
-    "gcnii16": (_steps(8, 2, "fixed"), _steps(32, 4, "shuffle"), _steps(32, 4, "fixed"), _steps(64, 4, "shuffle")),
+                 _steps(32, 4, "fixed"), _steps(32, 2, "shuffle"), _steps(64, 4, "shuffle"), _steps(64, 8, "shuffle"),
+                 _steps(64, 2, "shuffle"), _steps(128, 4, "shuffle"), _steps(128, 2, "shuffle")),
+    "gcnii16": (_steps(8, 2, "fixed"), _steps(32, 4, "shuffle"), _steps(32, 4, "fixed"), _steps(64, 4, "shuffle"),
+                _steps(128, 4, "shuffle")),
 }
 """Settings of several steps an epoch the tuning part runs, per model (chunks ``K``, chunks a step, grouping)."""
 STEPS = _steps(32, 4, "shuffle")
