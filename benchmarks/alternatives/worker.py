@@ -148,8 +148,9 @@ def run_cluster_gcn(spec: dict, data) -> List[dict]:
     opt = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE[spec["model"]])
 
     def epoch() -> dict:
-        total, labelled, steps = 0.0, 0, 0
+        total, labelled, steps, edges = 0.0, 0, 0, 0
         for batch in batches:
+            edges += int(batch.edge_index.size(1))
             if not bool(batch.train_mask.any()):
                 continue
             adj = exact_adjacency(model, spec["model"], batch)  # normalised on the batch's subgraph, as Cluster-GCN
@@ -159,7 +160,7 @@ def run_cluster_gcn(spec: dict, data) -> List[dict]:
             opt.step()
             nodes = int(batch.train_mask.sum())
             total, labelled, steps = total + float(loss.detach()) * nodes, labelled + nodes, steps + 1
-        return {"train_loss": total / max(labelled, 1), "steps": steps}
+        return {"train_loss": total / max(labelled, 1), "steps": steps, "edges": edges}
 
     return train_epochs(spec, data, model, full_graph(model, spec["model"], data), epoch)
 
