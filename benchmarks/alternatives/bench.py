@@ -7,8 +7,9 @@
 Every run is one worker process (:mod:`benchmarks.alternatives.worker`) watched for the machine's memory, its record
 appended to ``benchmarks/alternatives/runs.jsonl`` (``--force`` measures again). Parts:
 
-* **tuning** (300k, both models): GNNPipe with several steps an epoch, :data:`STEP_VARIANTS` (chunks, chunks a step,
-  grouping), early stopping, to pick the setting :data:`STEPS` that the accuracy part runs.
+* **tuning** (300k, both models; 1M, GraphSAGE-8): GNNPipe with several steps an epoch, :data:`STEP_VARIANTS` and
+  :data:`LARGE_STEP_VARIANTS` (chunks, chunks a step, grouping), early stopping, to pick the setting :data:`STEPS`
+  that the accuracy part runs.
 * **accuracy** (300k then 1M, residual GraphSAGE-8 then GCNII-16, free link): the exact single process,
   ``GNNPipeStrategy()`` as it comes (one step an epoch), GNNPipe with :data:`STEPS`, Cluster-GCN and neighbour
   sampling under DDP (:mod:`benchmarks.alternatives.baselines`), each until early stopping (:data:`PATIENCE` epochs
@@ -62,12 +63,16 @@ def _steps(chunks: int, per_step: int, groups: str) -> dict:
 
 STEP_VARIANTS = {
     "ressage8": (_steps(8, 2, "fixed"), _steps(8, 2, "shuffle"), _steps(16, 4, "shuffle"), _steps(32, 4, "shuffle"),
-                 _steps(32, 4, "fixed"), _steps(32, 2, "shuffle"), _steps(64, 4, "shuffle"), _steps(64, 8, "shuffle"),
-                 _steps(64, 2, "shuffle"), _steps(128, 4, "shuffle"), _steps(128, 2, "shuffle")),
+                 _steps(32, 4, "fixed"), _steps(32, 2, "shuffle"), _steps(64, 4, "shuffle"), _steps(128, 4, "shuffle")),
     "gcnii16": (_steps(8, 2, "fixed"), _steps(32, 4, "shuffle"), _steps(32, 4, "fixed"), _steps(64, 4, "shuffle"),
                 _steps(128, 4, "shuffle")),
 }
-"""Settings of several steps an epoch the tuning part runs, per model (chunks ``K``, chunks a step, grouping)."""
+"""Settings of several steps an epoch the tuning part runs at 300k nodes, per model (chunks ``K``, chunks a step,
+grouping)."""
+LARGE_STEP_VARIANTS = {"ressage8": (_steps(128, 4, "shuffle"),)}
+"""Settings the tuning part runs at 1M nodes besides :data:`STEPS` (an accuracy run), each for at most
+:data:`LARGE_TUNING_BUDGET_S` seconds: enough to see when it reaches the target."""
+LARGE_TUNING_BUDGET_S = 420
 STEPS = _steps(64, 4, "shuffle")
 """The setting of several steps an epoch that the accuracy part runs (picked by the tuning part; see the page)."""
 SAMPLER_PYTHON = os.environ.get("GNNPIPE_SAMPLER_PYTHON")
@@ -80,9 +85,10 @@ def graph(nodes: int) -> dict:
 
 
 def spec(nodes: int, model: str, method: str, seed: int = 0, epochs: Optional[int] = None,
-         rate: Optional[float] = None, steps: Optional[dict] = None) -> dict:
+         rate: Optional[float] = None, steps: Optional[dict] = None, budget_s: Optional[float] = None) -> dict:
     """One run's parameters (its JSON is the cache key). ``method`` is a worker method or ``"gnnpipe_steps"``
-    (``gnnpipe`` with ``steps``, default :data:`STEPS`); ``epochs``: a fixed number (timing), else early stopping."""
+    (``gnnpipe`` with ``steps``, default :data:`STEPS`); ``epochs``: a fixed number (timing), else early stopping
+    within ``budget_s`` seconds (default :data:`BUDGET_S` of the size)."""
     out = {"graph": graph(nodes), "model": model, "method": method, "seed": seed, "rate_bits": rate}
     if method == "gnnpipe_steps":
         out.update(method="gnnpipe", **(steps or STEPS))
@@ -91,13 +97,15 @@ def spec(nodes: int, model: str, method: str, seed: int = 0, epochs: Optional[in
     if epochs is not None:
         out["epochs"] = epochs
     else:
-        budget = (NEIGHBOR_BUDGET_S if method == "neighbor_ddp" else BUDGET_S)[nodes]
+        budget = budget_s or (NEIGHBOR_BUDGET_S if method == "neighbor_ddp" else BUDGET_S)[nodes]
         out.update(max_epochs=MAX_EPOCHS[nodes], patience=PATIENCE, budget_s=budget)
     return out
 
 
 def tuning_specs(models=MODELS) -> List[dict]:
-    return [spec(SMALL, m, "gnnpipe_steps", steps=v) for m in models for v in STEP_VARIANTS[m]]
+    return ([spec(SMALL, m, "gnnpipe_steps", steps=v) for m in models for v in STEP_VARIANTS[m]]
+            + [spec(LARGE, m, "gnnpipe_steps", steps=v, budget_s=LARGE_TUNING_BUDGET_S)
+               for m in models for v in LARGE_STEP_VARIANTS.get(m, ())])
 
 
 def accuracy_specs(sizes=(SMALL, LARGE), models=MODELS) -> List[dict]:

@@ -34,6 +34,11 @@ def stopped(rec: dict) -> str:
     return stop_reason(rec["spec"], rec["epochs"])
 
 
+def size_name(nodes: int) -> str:
+    """``300000`` -> ``"300k"``, ``1000000`` -> ``"1M"``."""
+    return f"{nodes // 10**6}M" if nodes % 10**6 == 0 else f"{nodes // 1000:,}k"
+
+
 def method_of(spec: dict) -> str:
     """The page's name of a run's method (``gnnpipe_steps``: GNNPipe with ``chunks_per_step``)."""
     if spec["method"] == "gnnpipe" and spec.get("chunks_per_step") is not None:
@@ -111,7 +116,7 @@ def answer_table(runs: Dict[Tuple[int, str], Dict[str, dict]]) -> List[str]:
     from benchmarks.alternatives.bench import METHODS
 
     keys = sorted(runs, key=lambda k: (k[0], k[1] != "ressage8"))
-    head = "| method | " + " | ".join(f"{n // 1000:,}k, {MODEL_NAMES[m]}" for n, m in keys) + " |"
+    head = "| method | " + " | ".join(f"{size_name(n)}, {MODEL_NAMES[m]}" for n, m in keys) + " |"
     lines = [head, "|---" * (len(keys) + 1) + "|"]
     for method in METHODS:
         cells = []
@@ -154,21 +159,22 @@ def detail_table(key: Tuple[int, str], runs: Dict[str, dict]) -> List[str]:
 def tuning_table(records: List[dict]) -> List[str]:
     """The tuning part's runs beside exact's: s to 99%, best test accuracy."""
     runs = accuracy_runs(records)
-    lines = ["| model | setting | s / epoch | to 99% of exact's best val | best val | test at best val |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| nodes | model | setting | s / epoch | to 99% of exact's best val | best val | test at best val |",
+             "|---|---|---|---|---|---|---|"]
     for rec in sorted((r for r in records if r["status"] == "ok" and method_of(r["spec"]) == "gnnpipe_steps"
                        and r["spec"].get("epochs") is None and r["spec"]["rate_bits"] is None),
-                      key=lambda r: (r["spec"]["model"] != "ressage8", r["spec"]["chunks"],
-                                     r["spec"]["chunks_per_step"], r["spec"]["chunk_groups"])):
+                      key=lambda r: (r["spec"]["graph"]["num_nodes"], r["spec"]["model"] != "ressage8",
+                                     r["spec"]["chunks"], r["spec"]["chunks_per_step"], r["spec"]["chunk_groups"])):
         s = rec["spec"]
         exact = runs.get((s["graph"]["num_nodes"], s["model"]), {}).get("exact")
-        if exact is None or s["graph"]["num_nodes"] != 300_000:
+        if exact is None:
             continue
         rows = rec["epochs"]
         per_epoch = sorted(r["train_s"] + r["val_s"] for r in rows)[len(rows) // 2]
-        lines.append(f"| {MODEL_NAMES[s['model']]} | {steps_name(s)} | {per_epoch:.1f} | "
-                     f"{_fmt_time(to_target(rec, 0.99 * best_val(exact)))} | {best_val(rec):.4f} | "
-                     f"{test_accuracies(rec)[0]:.4f} |")
+        ended = " (budget)" if stopped(rec) == "budget" else ""
+        lines.append(f"| {size_name(s['graph']['num_nodes'])} | {MODEL_NAMES[s['model']]} | {steps_name(s)} | "
+                     f"{per_epoch:.1f} | {_fmt_time(to_target(rec, 0.99 * best_val(exact)))} | "
+                     f"{best_val(rec):.4f}{ended} | {test_accuracies(rec)[0]:.4f} |")
     return lines
 
 
@@ -218,9 +224,9 @@ def plot(runs: Dict[Tuple[int, str], Dict[str, dict]], path: Path, title: str) -
     import matplotlib.pyplot as plt
 
     keys = sorted(runs, key=lambda k: (k[0], k[1] != "ressage8"))
-    cols = 2
+    cols = min(3, len(keys))
     rows_n = -(-len(keys) // cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(12, 4.2 * rows_n), squeeze=False)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(5.5 * cols, 4.6 * rows_n), squeeze=False)
     for ax, key in zip(axes.flat, keys):
         exact = runs[key].get("exact")
         for method, rec in runs[key].items():
@@ -230,15 +236,18 @@ def plot(runs: Dict[Tuple[int, str], Dict[str, dict]], path: Path, title: str) -
         if exact is not None:
             ax.axhline(0.99 * best_val(exact), color="#999999", linestyle="--", linewidth=1,
                        label="99% of exact's best")
-        ax.set_title(f"{key[0] // 1000:,}k nodes, {MODEL_NAMES[key[1]]}")
+        ax.set_title(f"{size_name(key[0])} nodes, {MODEL_NAMES[key[1]]}")
         ax.set_xlabel("training + validation seconds (wall)")
         ax.set_ylabel("validation accuracy")
         ax.set_xscale("log")
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(keys):]:
         ax.remove()
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), frameon=False)
+    legend: Dict[str, object] = {}  # every panel's methods, once each
+    for ax in axes.flat[:len(keys)]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=len(legend), frameon=False)
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.05, 1, 0.96))
     fig.savefig(path, dpi=110)
@@ -288,13 +297,13 @@ def write_page(records: List[dict], path: Path, sections: Optional[Dict[str, str
             "the best validation epoch; 2-core CPU host, free link:", ""]
     out += answer_table(runs) + [""]
     out += [f"![{title}]({png.name})", ""]
+    out += ["## Where each method wins, and why", ""] + block(text, "why")
     out += block(text, "setup")
     out += ["## Each run", ""]
     for key in sorted(runs, key=lambda k: (k[0], k[1] != "ressage8")):
         out += [f"### {key[0]:,} nodes, {MODEL_NAMES[key[1]]}", ""] + detail_table(key, runs[key]) + [""]
     out += ["## Over a cluster link", ""] + block(text, "link") + link_table(records, runs) + [""]
     out += ["## Choosing the steps", ""] + block(text, "tuning") + tuning_table(records) + [""]
-    out += block(text, "why")
     path.write_text("\n".join(out).rstrip() + "\n")
 
 
