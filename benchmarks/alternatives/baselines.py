@@ -96,21 +96,3 @@ class ClusterBatches:
         return Data(x=d.x[nodes], edge_index=torch.stack([src[keep], dst[keep]]), y=d.y[nodes],
                     train_mask=d.train_mask[nodes], n_id=nodes)
 
-
-def main() -> None:
-    """``python -m benchmarks.alternatives.baselines [NODES ...]``: the fraction of the graph's edges Cluster-GCN's
-    batches keep in one epoch (PyG's example's 1,500 clusters, 20 a batch, and 300 clusters, 10 a batch)."""
-    import sys
-
-    from benchmarks.time_to_accuracy.graph import GraphSpec, community_graph
-
-    for nodes in [int(a) for a in sys.argv[1:]] or [300_000]:
-        data = community_graph(GraphSpec(num_nodes=nodes, train=0.1))
-        for parts, size in ((CLUSTER_PARTS, CLUSTER_BATCH), (300, 10)):
-            kept = sum(int(b.edge_index.size(1)) for b in ClusterBatches(data, parts, size))
-            print(f"{nodes:,} nodes, {parts} clusters, {size} a batch: the batches keep {kept / data.num_edges:.3f} "
-                  f"of the {data.num_edges:,} edges")
-
-
-if __name__ == "__main__":
-    main()
