@@ -293,8 +293,8 @@ def write_page(records: List[dict], path: Path, sections: Optional[Dict[str, str
            "<!-- written by " + COMMAND + " from benchmarks/alternatives/runs.jsonl; edit the text between the "
            "BEGIN/END markers only -->", ""]
     out += block(text, "answer")
-    out += ["Seconds to 99% of the exact single process's best validation accuracy (epochs), and the test accuracy at "
-            "the best validation epoch; 2-core CPU host, free link:", ""]
+    out += ["Seconds to 99% of the exact single process's best validation accuracy (epochs). Test accuracy: at the "
+            "best validation epoch. 2-core CPU host, free link:", ""]
     out += answer_table(runs) + [""]
     out += [f"![{title}]({png.name})", ""]
     out += ["## Where each method wins, and why", ""] + block(text, "why")
