@@ -121,4 +121,4 @@ def group_plan(plan: ChunkPlan, groups: Sequence[Sequence[int]]) -> ChunkPlan:
     for g, chunks in enumerate(groups):
         owner[list(chunks)] = g
     nodes = [torch.cat([plan.nodes[c] for c in chunks]).sort().values for chunks in groups]
-    return ChunkPlan(owner[plan.part], nodes, group_halos(plan, groups), plan.edge_cut)
+    return ChunkPlan(owner[plan.part], nodes, group_halos(plan, groups), plan.edge_cut, plan.degrees)

@@ -26,6 +26,10 @@ class ChunkPlan:
         nodes: Per chunk, its inner node ids, sorted, shape ``(n_c,)``.
         halo: Per chunk, its halo node ids (out-of-chunk in-neighbours), sorted, ``(h_c,)``.
         edge_cut: Fraction of edges between two chunks (unitless).
+        degrees: ``None`` for a plan whose edge lists are the whole graph's. A plan loaded for one partition
+            (:mod:`~lightning_gnnpipe.data.partitioned`), whose edge lists hold only the edges into that partition,
+            carries the whole graph's in-degrees ``(|V|,)`` without and with self loops, from which GCN's
+            full-graph normalisation is computed (:func:`~lightning_gnnpipe.data.chunk_graph.full_graph_norm`).
 
     Local ids: inside chunk ``c`` the inner node ``nodes[c][i]`` has local id ``i`` and the
     halo node ``halo[c][j]`` has local id ``n_c + j``.
@@ -35,6 +39,7 @@ class ChunkPlan:
     nodes: List[Tensor]
     halo: List[Tensor]
     edge_cut: float
+    degrees: Optional[Tuple[Tensor, Tensor]] = None
 
     @property
     def num_chunks(self) -> int:
@@ -119,7 +124,7 @@ class ChunkPlan:
         position = torch.empty(self.num_chunks, dtype=torch.long)
         position[torch.tensor(order)] = torch.arange(self.num_chunks)
         return ChunkPlan(part=position[self.part], nodes=[self.nodes[c] for c in order],
-                         halo=[self.halo[c] for c in order], edge_cut=self.edge_cut)
+                         halo=[self.halo[c] for c in order], edge_cut=self.edge_cut, degrees=self.degrees)
 
     def fingerprint(self) -> str:
         """Return a short hash of the chunk assignment (to check that all ranks agree)."""

@@ -24,10 +24,36 @@ NormKey = Tuple[bool, bool]
 """``(improved, add_self_loops)`` of a ``GCNConv``/``GCN2Conv``: which full-graph normalisation it needs."""
 
 
-def full_graph_norm(edge_index: Tensor, num_nodes: int, key: NormKey, dtype) -> Tuple[Tensor, Tensor]:
-    """Return ``(edge_index (2, |E'|), edge_weight (|E'|,))`` normalised on the whole graph."""
+def full_graph_norm(edge_index: Tensor, num_nodes: int, key: NormKey, dtype,
+                    degrees: Optional[Tuple[Tensor, Tensor]] = None,
+                    loop_nodes: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """Return ``(edge_index (2, |E'|), edge_weight (|E'|,))`` normalised on the whole graph.
+
+    Without ``degrees``, PyG's ``gcn_norm`` of ``edge_index``, the whole graph's edges. With ``degrees`` (the whole
+    graph's in-degrees ``(|V|,)`` without and with self loops, :attr:`ChunkPlan.degrees`), ``edge_index`` may be a
+    subset, the edges into one partition: the same weights are computed for those edges from the given degrees, the
+    same operations in the same order as ``gcn_norm`` (so bit-equal; ``tests/test_partitioned.py``), and the self
+    loops are added for ``loop_nodes`` only (sorted ids; default all ``|V|``), appended after the edges as
+    ``gcn_norm`` appends them.
+    """
     improved, add_self_loops = key
-    return gcn_norm(edge_index, None, num_nodes, improved, add_self_loops, "source_to_target", dtype)
+    if degrees is None:
+        return gcn_norm(edge_index, None, num_nodes, improved, add_self_loops, "source_to_target", dtype)
+    # gcn_norm without edge weights: add_remaining_self_loops keeps the non-loop edges and appends one loop per node
+    # (weight 1 whatever `improved`: the fill value applies to given weights only); the degree is the count of
+    # edges into a node, summed in floating point (exact below 2^24)
+    without_loops, with_loops = degrees
+    if add_self_loops:
+        loops = torch.arange(num_nodes) if loop_nodes is None else loop_nodes
+        edge_index = torch.cat([edge_index[:, edge_index[0] != edge_index[1]], loops.view(1, -1).repeat(2, 1)], 1)
+        count = without_loops + 1
+    else:
+        count = with_loops
+    weight = torch.ones(edge_index.size(1), dtype=dtype)
+    deg_inv_sqrt = count.to(weight.dtype).pow_(-0.5)
+    deg_inv_sqrt.masked_fill_(deg_inv_sqrt == float("inf"), 0)
+    row, col = edge_index[0], edge_index[1]
+    return edge_index, deg_inv_sqrt[row] * weight * deg_inv_sqrt[col]
 
 
 @dataclass
@@ -128,7 +154,9 @@ def build_chunk_graph(
     keys = sorted(set(norm_keys))
     norm: List[Dict[NormKey, Tuple[Tensor, Tensor]]] = [{} for _ in range(plan.num_chunks)]
     for key in keys:
-        ei_n, ew_n = full_graph_norm(edge_index, plan.num_nodes, key, dtype)
+        loops = None if chunks is None or plan.degrees is None else \
+            torch.cat([plan.nodes[c] for c in sorted(mine)]).sort().values
+        ei_n, ew_n = full_graph_norm(edge_index, plan.num_nodes, key, dtype, plan.degrees, loops)
         for c, (local, eid) in enumerate(plan.local_edges(ei_n)):
             if c in mine:
                 norm[c][key] = (local.to(device), ew_n[eid].to(device))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
@@ -13,15 +13,33 @@ from torch.utils.data import DataLoader
 from torch_geometric.data import Data
 
 from lightning_gnnpipe.data.chunk import ChunkPlan, build_chunk_plan
+from lightning_gnnpipe.data.node_rows import NodeRows
 from lightning_gnnpipe.data.order import edge_counts, greedy_chunk_order, read_stats, stale_read_stats
 from lightning_gnnpipe.data.partition import nested_partition
 from lightning_gnnpipe.data.steps import (ChunkGroups, ChunkGroupSampler, check_chunks_per_step, chunk_positions,
                                           step_groups)
 from lightning_gnnpipe.data.validation import validate_graph, validate_num_chunks, validate_num_parts, validate_part
 
+if TYPE_CHECKING:
+    from lightning_gnnpipe.data.partitioned.layout import PartitionDirectory
+
 
 def _identity(batch: Any) -> Any:
     return batch
+
+
+def make_chunk_plan(edge_index: Tensor, num_nodes: int, num_chunks: int, num_parts: int = 1,
+                    part: Optional[Tensor] = None, chunk_order: str = "greedy") -> ChunkPlan:
+    """The chunk plan of :class:`GraphChunkDataModule` (and of :func:`~lightning_gnnpipe.data.partitioned.
+    partition_graph`, so that both train on the same plan): METIS into ``num_chunks`` chunks, nested in
+    ``num_parts`` partitions when ``G > 1``, unless ``part`` gives them; ``chunk_order="greedy"`` reorders them.
+    Arguments as the DataModule's, already validated."""
+    if part is None and num_parts > 1:
+        part = nested_partition(edge_index, num_nodes, num_parts, num_chunks // num_parts)
+    plan = build_chunk_plan(edge_index, num_nodes, num_chunks, part=part)
+    if chunk_order == "greedy":
+        plan = plan.reordered(greedy_chunk_order(plan, edge_index, num_parts))
+    return plan
 
 
 class GraphChunkDataModule(LightningDataModule):
@@ -96,15 +114,72 @@ class GraphChunkDataModule(LightningDataModule):
         self.chunks_per_step = check_chunks_per_step(chunks_per_step, self.num_chunks, self.num_parts, chunk_groups,
                                                      isinstance(getattr(data, "train_mask", None), Tensor))
         self.chunk_groups, self.seed = chunk_groups, int(seed)
-        self.data = data
-        if part is None and num_parts > 1:
-            part = nested_partition(data.edge_index, data.num_nodes, num_parts, num_chunks // num_parts)
-        plan = build_chunk_plan(data.edge_index, data.num_nodes, num_chunks, part=part)
-        if chunk_order == "greedy":
-            plan = plan.reordered(greedy_chunk_order(plan, data.edge_index, num_parts))
-        self.plan: ChunkPlan = plan
+        self.data: Optional[Data] = data
+        self.plan: Optional[ChunkPlan] = make_chunk_plan(data.edge_index, data.num_nodes, num_chunks, num_parts, part,
+                                                         chunk_order)
+        self.partitions: Optional[PartitionDirectory] = None  # from_partitions: the directory the ranks load from
         self._on_device: Dict[torch.device, Tuple[tuple, Data]] = {}
         self._edge_counts: Optional[Tensor] = None
+
+    @classmethod
+    def from_partitions(cls, path: str, chunks_per_step: Optional[int] = None, chunk_groups: str = "fixed",
+                        seed: int = 0) -> "GraphChunkDataModule":
+        """The DataModule of a graph partitioned offline (:func:`~lightning_gnnpipe.data.partitioned.partition_graph`,
+        ``lightning-gnnpipe partition``): each rank loads only its part, in :meth:`setup`.
+
+        The constructor reads ``path/META.json`` only (and checks that every file is there with its size), so the
+        launching process, a torchrun agent or SLURM's holds no graph. In :meth:`setup` a rank of
+        :class:`~lightning_gnnpipe.GNNPipeStrategy` at stage ``s`` of partition ``g`` (``graph_parallel_size = G``)
+        or rank ``g`` of :class:`~lightning_gnnpipe.GraphParallelStrategy` loads partition ``g``: the chunk plan,
+        the labels and masks, the edges into the partition's nodes and, where its stages read them, the features of
+        the partition and its halo (:func:`~lightning_gnnpipe.data.partitioned.load_partition`). With the same
+        plan the fit takes the same steps as one from the graph in memory (``tests/test_partitioned.py``).
+
+        Args:
+            path: The directory the partitioner wrote.
+            chunks_per_step, chunk_groups, seed: As the constructor's.
+
+        Raises:
+            FileNotFoundError, ValueError: Not a partition directory, another format version, a missing or
+                truncated file (:func:`~lightning_gnnpipe.data.partitioned.read_meta`); a bad ``chunks_per_step``.
+        """
+        from lightning_gnnpipe.data.partitioned.layout import read_meta
+
+        directory = read_meta(path)
+        dm = cls.__new__(cls)
+        LightningDataModule.__init__(dm)
+        dm.num_chunks, dm.num_parts = directory.num_chunks, directory.num_parts
+        dm.chunks_per_step = check_chunks_per_step(chunks_per_step, dm.num_chunks, dm.num_parts, chunk_groups,
+                                                   "train_mask" in directory.masks)
+        dm.chunk_groups, dm.seed = chunk_groups, int(seed)
+        dm.data, dm.plan, dm.partitions = None, None, directory
+        dm._on_device, dm._edge_counts = {}, None
+        return dm
+
+    def setup(self, stage: str) -> None:
+        """Lightning's hook, in every rank: load this rank's partition when built :meth:`from_partitions` (else
+        nothing: the graph is in memory).
+
+        Raises:
+            TypeError: The trainer's strategy is not one of lightning_gnnpipe's (only they know which partition a
+                rank trains).
+            FileNotFoundError, ValueError: A file the rank reads is missing, truncated or changed.
+        """
+        if self.partitions is None or self.data is not None:
+            return
+        from lightning_gnnpipe.data.partitioned.read import load_partition, load_plan
+
+        strategy = getattr(self.trainer, "strategy", None)
+        which = getattr(strategy, "partition_to_load", None)
+        if which is None:
+            raise TypeError(
+                "GraphChunkDataModule.from_partitions: each rank loads one partition, which only lightning_gnnpipe's "
+                f"strategies assign (got strategy={type(strategy).__name__}). Use GNNPipeStrategy or "
+                "GraphParallelStrategy, or GraphChunkDataModule(data) for one device."
+            )
+        g, features = which()
+        self.plan, self._edge_counts = load_plan(self.partitions)
+        self.data = load_partition(self.partitions, g, features=features)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -150,6 +225,8 @@ class GraphChunkDataModule(LightningDataModule):
             for name in held:
                 del moved[name]
             moved = move_data_to_device(moved, device)
+            if isinstance(moved.x, NodeRows):  # a partition's feature rows (not a tensor to Lightning)
+                moved.x = moved.x.to(device)
             for name, value in held.items():
                 moved[name] = value
             kept = self._on_device[device] = (key, moved)
@@ -174,6 +251,8 @@ class GraphChunkDataModule(LightningDataModule):
         """``(fraction of edges read historical, mean age in epochs)`` per layer >= 1 in an epoch that runs the chunks
         in order (``reverse``: in reverse order; ``alternating``: the epoch before ran the other order), see
         :func:`~lightning_gnnpipe.data.order.stale_read_stats`."""
+        if self._edge_counts is not None:  # from partitions: the whole graph's counts, saved with the plan
+            return stale_read_stats(self.plan, None, self.num_parts, reverse, alternating, counts=self._edge_counts)
         return stale_read_stats(self.plan, self.data.edge_index, self.num_parts, reverse, alternating)
 
     def step_read_stats(self, epoch: int) -> Tuple[float, float]:

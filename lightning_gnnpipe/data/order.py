@@ -10,7 +10,7 @@ set problem", IPL 1993).
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -98,8 +98,8 @@ def read_stats(counts: Tensor, now: Tensor, before: Tensor, slots: int) -> Tuple
     return n / total, float((weights * age).sum()) / n
 
 
-def stale_read_stats(plan: ChunkPlan, edge_index: Tensor, num_parts: int = 1, reverse: bool = False,
-                     alternating: bool = False) -> Tuple[float, float]:
+def stale_read_stats(plan: ChunkPlan, edge_index: Optional[Tensor], num_parts: int = 1, reverse: bool = False,
+                     alternating: bool = False, counts: Optional[Tensor] = None) -> Tuple[float, float]:
     """Return ``(stale_fraction, mean_age)`` of halo reads per layer (layers >= 1) in one epoch's chunk order.
 
     With ``num_parts = G > 1`` (hybrid), chunk ``c`` runs in slot ``c // G`` and rows of chunks of the
@@ -111,6 +111,7 @@ def stale_read_stats(plan: ChunkPlan, edge_index: Tensor, num_parts: int = 1, re
         num_parts: ``G``.
         reverse: The epoch runs the chunks in reverse order (the odd epochs of ``halo_gradients="fresh"``).
         alternating: The epoch before ran them in the other order (``halo_gradients="fresh"``).
+        counts: :func:`edge_counts` of the graph, in place of ``edge_index`` (a partitioned graph saves them).
 
     Returns:
         ``stale_fraction``: edges whose source is read historical (its chunk runs later in the epoch), over all
@@ -119,10 +120,11 @@ def stale_read_stats(plan: ChunkPlan, edge_index: Tensor, num_parts: int = 1, re
         of chunk ``c'`` read by chunk ``c < c'`` was written ``(K - c' + c) / K`` epochs earlier). ``0.0`` if nothing
         is stale.
     """
-    if edge_index.numel() == 0:
+    counts = edge_counts(plan, edge_index) if counts is None else counts
+    if int(counts.sum()) == 0:
         return 0.0, 0.0
     k = plan.num_chunks // num_parts
     slot = torch.arange(plan.num_chunks) // num_parts
     now = k - 1 - slot if reverse else slot
     before = k - 1 - now if alternating else now
-    return read_stats(edge_counts(plan, edge_index), now, before, k)
+    return read_stats(counts, now, before, k)

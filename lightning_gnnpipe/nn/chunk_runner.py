@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph
+from lightning_gnnpipe.data.node_rows import select_rows_into
 from lightning_gnnpipe.nn.chunk_call import ChunkCaller
 from lightning_gnnpipe.nn.dropout import node_rows
 from lightning_gnnpipe.nn.positional_rows import PositionalRows
@@ -304,10 +305,5 @@ class ChunkRunner:
             self._order = (order, position, local, bounds)
         return self._order
 
-def _select_into(source: Tensor, index: Tensor, out: Tensor) -> None:
-    """``out[:] = source[index]`` without a second copy (cast to ``out``'s dtype if it differs)."""
-    if out.dtype == source.dtype:
-        torch.index_select(source, 0, index, out=out)
-    else:
-        out.copy_(source[index])
+_select_into = select_rows_into  # out[:] = source[index]: a feature matrix or a partition's NodeRows
 

@@ -262,6 +262,12 @@ def check_layout(
             f"(got devices * num_nodes = {world}). Use a process count that is a multiple of {G}."
         )
     parts = getattr(datamodule, "num_parts", 1)
+    if isinstance(datamodule, GraphChunkDataModule) and parts != G and datamodule.partitions is not None:
+        raise ValueError(
+            f"GNNPipeStrategy: `graph_parallel_size`={G} needs the graph cut into {G} partitions, but "
+            f"{datamodule.partitions.path} holds num_parts={parts}. Partition it again with "
+            f"`lightning-gnnpipe partition --num-parts {G}`, or use graph_parallel_size={parts}."
+        )
     if isinstance(datamodule, GraphChunkDataModule) and parts != G:
         raise ValueError(
             f"GNNPipeStrategy: `graph_parallel_size`={G} needs the graph cut into {G} partitions, but the "

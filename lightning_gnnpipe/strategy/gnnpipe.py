@@ -232,7 +232,14 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
 
     def _graph_tensors_done(self, data: Any) -> List[Tensor]:  # stage 0 reads the features (and a stage making x0)
         first = self._runtime is not None and any(stage.x is not None for stage in self._runtime.stages)
-        return super()._graph_tensors_done(data) + ([] if first else [data.x])
+        return super()._graph_tensors_done(data) + ([] if first or not isinstance(data.x, Tensor) else [data.x])
+
+    def partition_to_load(self) -> Tuple[int, bool]:
+        """``(g, features)``: the partition this rank loads from a partitioned graph (:meth:`GraphChunkDataModule.
+        from_partitions <lightning_gnnpipe.GraphChunkDataModule.from_partitions>`), and whether it loads its feature
+        rows: the first stage reads them, and with one partition (``G = 1``) every stage may (the graph-parallel
+        evaluation, GCNII's ``x0`` computed on each stage)."""
+        return self.partition_index, self.stage_index == 0 or self.graph_parallel_size == 1
 
     def _training_precision(self, plugin: Precision) -> Precision:
         # A rank holds only its stage's gradients: clip by the norm over all stages (strategy/precision.py).

@@ -119,6 +119,12 @@ class GraphParallelStrategy(WholeGraphStrategy):
                 f"{self.num_parts}, one graph part per process (got num_chunks={datamodule.num_chunks}). "
                 f"Use GraphChunkDataModule(data, num_chunks={self.num_parts})."
             )
+        if datamodule.partitions is not None and datamodule.num_parts != self.num_parts:
+            raise ValueError(
+                f"GraphParallelStrategy: each of the {self.num_parts} processes loads one partition, but "
+                f"{datamodule.partitions.path} holds num_parts={datamodule.num_parts}. Partition it again with "
+                f"`lightning-gnnpipe partition --num-parts {self.num_parts} --num-chunks {self.num_parts}`."
+            )
         if datamodule.steps_per_epoch > 1:
             raise ValueError(
                 "GraphParallelStrategy: every training step is an exact full-graph step, one partition per process, "
@@ -145,6 +151,10 @@ class GraphParallelStrategy(WholeGraphStrategy):
         self._nodes = graph.nodes
         self._rows = plan.max_chunk_size
         self._params = list(dict.fromkeys(p for b in stack.blocks for p in b.parameters() if p.requires_grad))
+
+    def partition_to_load(self) -> Tuple[int, bool]:
+        """``(g, True)``: rank ``g`` loads partition ``g`` of a partitioned graph, its features included."""
+        return self.global_rank, True
 
     # ------------------------------------------------------------------ collectives
     def kept_bytes(self) -> Tuple[int, int]:
