@@ -8,7 +8,10 @@ Source: Lightning docs, "Configure hyperparameters from the CLI" (``LightningCLI
     lightning-gnnpipe fit --config examples/configs/cora_gcn.yaml --print_config   # the full config as YAML
 
 Without the console script (e.g. from a clone): ``python -m lightning_gnnpipe.cli ...``.
-The subcommands are Lightning's: ``fit``, ``validate``, ``test``, ``predict``. The model is
+The subcommands are Lightning's: ``fit``, ``validate``, ``test``, ``predict``, and ``partition``, which cuts a
+graph once into the directory :meth:`GraphChunkDataModule.from_partitions
+<lightning_gnnpipe.GraphChunkDataModule.from_partitions>` loads (:mod:`lightning_gnnpipe.data.partitioned.command`).
+The model is
 :class:`~lightning_gnnpipe.models.NodeClassifier`, the data
 :class:`~lightning_gnnpipe.datasets.PlanetoidChunkDataModule`; the model's input and
 output widths are taken from the data.
@@ -16,6 +19,7 @@ output widths are taken from the data.
 
 from __future__ import annotations
 
+import sys
 from typing import List, Optional
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -35,6 +39,12 @@ class GNNPipeCLI(LightningCLI):
 
 def main(args: Optional[List[str]] = None) -> None:
     """Run the CLI on ``args`` (default: ``sys.argv[1:]``)."""
+    argv = sys.argv[1:] if args is None else args
+    if argv[:1] == ["partition"]:
+        from lightning_gnnpipe.data.partitioned.command import main as partition
+
+        partition(argv[1:])
+        return
     GNNPipeCLI(NodeClassifier, PlanetoidChunkDataModule, args=args, save_config_kwargs={"overwrite": True})
 
 
