@@ -287,3 +287,27 @@ def test_torchrun_two_nodes_from_partitions(tmp_path, graph, parts):
                              strategy(), validate=True)
     disk = torch.load(tmp_path / "torchrun" / "weights.ckpt", weights_only=True)["state_dict"]
     assert all(torch.equal(memory[k], disk[k]) for k in memory), largest_difference(memory, disk)
+
+
+def test_hybrid_with_a_node_wise_first_block_from_partitions_equals_memory(tmp_path, graph):
+    """A residual GCN whose first block is a node-wise Linear: the exact evaluation of a partition applies it to the
+    rows the rank holds (its partition and halo); the SGD parameters after validations equal the in-memory fit's."""
+    from tests.helpers import GNNModule, ResGCN, MetricRecorder
+    from tests.test_exactness import SaveWeights, _trained
+    from tests.helpers import fit
+
+    class SGDResGCN(GNNModule):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.5)
+
+    dm = GraphChunkDataModule(graph, num_chunks=4, num_parts=2)
+    partition_graph(graph, 2, 4, str(tmp_path / "parts"), verbose=False)
+    weights = []
+    for name, data in (("memory", dm), ("disk", GraphChunkDataModule.from_partitions(str(tmp_path / "parts")))):
+        torch.manual_seed(0)
+        module = SGDResGCN(ResGCN(16, 32, 2, 4))
+        fit(str(tmp_path / name), module, data, devices=4, strategy=GNNPipeStrategy(graph_parallel_size=2),
+            epochs=3, limit_val_batches=1, callbacks=[MetricRecorder(str(tmp_path / name)),
+                                                     SaveWeights(tmp_path / name / "weights.ckpt")])
+        weights.append(_trained(tmp_path / name / "weights.ckpt"))
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0]), largest_difference(*weights)

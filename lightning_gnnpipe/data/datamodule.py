@@ -181,6 +181,14 @@ class GraphChunkDataModule(LightningDataModule):
         self.plan, self._edge_counts = load_plan(self.partitions)
         self.data = load_partition(self.partitions, g, features=features)
 
+    def release_edges(self) -> None:
+        """Let go of a loaded partition's edge list once the strategy built its chunk graphs from it (called by the
+        strategy; ``batch.edge_index`` becomes an empty ``(2, 0)`` tensor: under the strategies the stages aggregate
+        over their own chunk graphs, and a partition's edges are not the graph's anyway)."""
+        if self.partitions is not None and self.data is not None:
+            self.data.edge_index = self.data.edge_index[:, :0].clone()
+            self._on_device.clear()
+
     @property
     def steps_per_epoch(self) -> int:
         """Training steps (optimizer steps) an epoch: ``K / chunks_per_step``."""

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph
-from lightning_gnnpipe.data.node_rows import select_rows_into
+from lightning_gnnpipe.data.node_rows import NodeRows, select_rows_into
 from lightning_gnnpipe.nn.chunk_call import ChunkCaller
 from lightning_gnnpipe.nn.dropout import node_rows
 from lightning_gnnpipe.nn.positional_rows import PositionalRows
@@ -207,7 +207,10 @@ class ChunkRunner:
         for j, layer in enumerate(self.layer_ids):
             if before_layer is not None:
                 before_layer(layer, h, None)
-            if not self.uses_graph[j]:
+            if not self.uses_graph[j] and isinstance(h, NodeRows):  # a partition's features: the rows it holds
+                o = self.node_wise(j, h.values, h.ids, epoch, None if h0 is None else h0.index_select(0, h.ids))
+                h = o.new_zeros(h.size(0), o.size(-1)).index_copy_(0, h.ids.to(o.device), o)
+            elif not self.uses_graph[j]:
                 h = self.node_wise(j, h, torch.arange(h.size(0), device=h.device), epoch, h0)
             else:
                 out: Optional[Tensor] = None

@@ -271,6 +271,8 @@ class WholeGraphStrategy(LauncherHook, ParallelStrategy):
         self._build(trainer)
         # What the ranks read the whole graph for is built: let go of the shared pages they no longer read
         released = release_shared_pages(self._graph_tensors_done(trainer.datamodule.data))
+        if trainer.datamodule.partitions is not None and not self._edges_read_after_build():
+            trainer.datamodule.release_edges()  # a partition's edge list, private memory: 16 bytes an edge
         trim_heap()  # and of the heap the build freed
         self.released_graph_bytes = released
         if trainer.state.fn == TrainerFn.FITTING:
@@ -296,6 +298,11 @@ class WholeGraphStrategy(LauncherHook, ParallelStrategy):
         """The graph's tensors this rank no longer reads once :meth:`_build` ran (its pages are released when shared
         memory, :func:`~lightning_gnnpipe.strategy.allocator.release_shared_pages`): the edge list."""
         return [data.edge_index]
+
+    def _edges_read_after_build(self) -> bool:
+        """Whether this rank reads the graph's edge list after :meth:`_build` (a partitioned graph's is let go of
+        otherwise)."""
+        return False
 
     def _training_precision(self, plugin: Precision) -> Precision:
         """The precision plugin to train with (a subclass may swap in global-norm clipping)."""

@@ -1,0 +1,194 @@
+"""``docs/large_graphs.md``'s tables and plot, written from ``benchmarks/large_graphs/runs.jsonl`` alone.
+
+The page's prose is hand-written; each generated block sits between ``<!-- BEGIN name -->`` and ``<!-- END name -->``
+and is replaced whole (:func:`write_page`), so a rerun of the benchmark rewrites the figures and nothing else.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "large_graphs.md"
+PLOT = ROOT / "docs" / "large_graphs.png"
+GIB = 2**30
+MIB = 2**20
+MODES = {"hybrid": "hybrid 2 x 2 (`GNNPipeStrategy(graph_parallel_size=2)`)",
+         "graph_parallel": "graph parallelism, G = 4 (`GraphParallelStrategy()`)"}
+
+
+def gib(b: Optional[float]) -> str:
+    return "-" if b is None else f"{b / GIB:.2f} GiB"
+
+
+def millions(n: int) -> str:
+    return f"{n / 1e6:.1f}M"
+
+
+def latest(records: List[dict], **key) -> Optional[dict]:
+    for rec in reversed(records):
+        if all(rec.get(k) == v for k, v in key.items()):
+            return rec
+    return None
+
+
+def largest_cluster_nodes(records: List[dict]) -> Optional[int]:
+    done = [r["nodes"] for r in records if r["kind"] == "cluster" and r["exitcodes"] and not any(r["exitcodes"])]
+    return max(done) if done else None
+
+
+def single_outcome(rec: Optional[dict]) -> str:
+    if rec is None:
+        return "not run"
+    if rec["exitcode"] == 0:
+        return f"trains, machine peak {gib(rec['machine_peak_bytes'])}"
+    killed = "OOM-killed" if rec["oom_kills"] else f"exit {rec['exitcode']}"
+    return f"{killed} at {gib(rec['machine_peak_bytes'])}"
+
+
+def answer(records: List[dict]) -> List[str]:
+    """One row per cluster run at the largest size, and the single process's row at the size it trains."""
+    n = largest_cluster_nodes(records)
+    if n is None:
+        return ["No cluster run is recorded yet."]
+    graph = latest(records, kind="graph", nodes=n)
+    rows = ["| graph | machines x cap | how | largest machine's peak | one CSR process under the same cap | "
+            "partitioning (one machine) |", "|---|---|---|---|---|---|"]
+    for mode in MODES:
+        rec = latest(records, kind="cluster", nodes=n, mode=mode)
+        if rec is None or any(rec["exitcodes"]):
+            continue
+        cap = rec["cap_bytes"]
+        part = latest(records, kind="partition", nodes=n, G=2 if mode == "hybrid" else rec["machines"])
+        single = latest(records, kind="single", nodes=n, cap_bytes=cap)
+        rows.append(f"| {millions(n)} nodes, {millions(graph['edges'])} edges | {rec['machines']} x {gib(cap)} | "
+                    f"{MODES[mode]} | {gib(max(rec['machine_peak_bytes']))} | {single_outcome(single)} | "
+                    f"{part['wall_s']:.0f} s, peak {gib(part['peak_bytes'])} |")
+    small = [r for r in records if r["kind"] == "single" and r["cap_bytes"] and r["exitcode"] == 0]
+    if small:
+        s = max(small, key=lambda r: r["nodes"])
+        g = latest(records, kind="graph", nodes=s["nodes"])
+        rows.append(f"| {millions(s['nodes'])} nodes, {millions(g['edges'])} edges | 1 x {gib(s['cap_bytes'])} | "
+                    f"one CSR process | {gib(s['machine_peak_bytes'])} | (itself) | none |")
+    return rows
+
+
+def per_rank(records: List[dict]) -> List[str]:
+    """Every rank's peak against the CSR single process's on the same graph (uncapped), and its partition's halo."""
+    n = largest_cluster_nodes(records)
+    ref = latest(records, kind="single", nodes=n, cap_bytes=None) if n else None
+    if ref is None or not ref.get("peaks"):
+        return ["The uncapped single process at this size is not recorded yet."]
+    base = ref["peaks"]["uss"]
+    rows = [f"Single CSR process, {millions(n)} nodes, uncapped: peak USS {gib(base)}, RSS "
+            f"{gib(ref['peaks']['rss'])}, machine {gib(ref['machine_peak_bytes'])}.", "",
+            "| how | rank | its partition: nodes + halo (halo / nodes) | peak USS | peak PSS | USS / single's | "
+            "its machine's peak |", "|---|---|---|---|---|---|---|"]
+    for mode in MODES:
+        rec = latest(records, kind="cluster", nodes=n, mode=mode)
+        if rec is None or any(rec["exitcodes"]):
+            continue
+        part = latest(records, kind="partition", nodes=n, G=2 if mode == "hybrid" else rec["machines"])
+        G = part["G"]
+        for r, peaks in enumerate(rec["rank_peaks"]):
+            g = r % G if mode == "hybrid" else r  # hybrid rank r: stage r // G, partition r % G
+            p = part["parts"][g]
+            where = f"stage {r // G}, partition {g}" if mode == "hybrid" else f"partition {g}"
+            rows.append(f"| {mode.replace('_', ' ')} | {r} ({where}) | {p['nodes']:,} + {p['halo']:,} "
+                        f"({p['halo'] / p['nodes']:.2f}) | {gib(peaks['uss'])} | {gib(peaks.get('pss'))} | "
+                        f"{peaks['uss'] / base:.2f}x | {gib(rec['machine_peak_bytes'][r])} |")
+    idle = latest(records, kind="idle")
+    agents = [a for r in records if r["kind"] == "cluster" and r["nodes"] == n for a in r["agents"] if a]
+    if idle and agents:
+        worst = max(agents, key=lambda a: a["uss"])
+        rows += ["", f"torchrun agents: USS at most {worst['uss'] / MIB:,.0f} MiB, RSS {worst['rss'] / MIB:,.0f} MiB; "
+                     f"an idle Python with torch imported: USS {idle['uss'] / MIB:,.0f} MiB, RSS "
+                     f"{idle['rss'] / MIB:,.0f} MiB."]
+    return rows
+
+
+def accuracy(records: List[dict]) -> List[str]:
+    n = largest_cluster_nodes(records)
+    runs = {"one CSR process (uncapped)": latest(records, kind="single", nodes=n, cap_bytes=None)}
+    for mode in MODES:
+        runs[MODES[mode].split(" (")[0]] = latest(records, kind="cluster", nodes=n, mode=mode)
+    rows = ["| run | epoch | validation accuracy | test accuracy | training s | validation s |", "|---|---|---|---|---|---|"]
+    for name, rec in runs.items():
+        if rec is None:
+            continue
+        for e, row in enumerate(rec.get("epochs_rows") or []):
+            rows.append(f"| {name} | {e + 1} | {row['val_acc']:.4f} | {row['test_acc']:.4f} | {row['train_s']:.0f} | "
+                        f"{row['val_s']:.0f} |")
+    return rows
+
+
+def partitioning(records: List[dict]) -> List[str]:
+    rows = ["| nodes | edges | G x K | wall s | METIS and plan s | peak | per million edges | edge cut (chunks) | "
+            "edge cut (partitions) | directory |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted((r for r in records if r["kind"] == "partition"), key=lambda r: (r["nodes"], r["G"])):
+        rows.append(f"| {millions(r['nodes'])} | {millions(r['num_edges'])} | {r['G']} x {r['K'] // r['G']} | "
+                    f"{r['wall_s']:.0f} | {r['seconds']['metis_and_plan']:.0f} | {gib(r['peak_bytes'])} | "
+                    f"{r['peak_bytes_per_million_edges'] / MIB:,.0f} MiB | {r['edge_cut']:.4f} | "
+                    f"{r['partition_edge_cut']:.4f} | {gib(r['bytes'])} |")
+    rows += ["", "| partitioner | nodes | parts | seconds (of which partitioning) | peak over the loaded graph | "
+             "edge cut | largest part / mean |", "|---|---|---|---|---|---|---|"]
+    for r in sorted((r for r in records if r["kind"] == "partitioner"), key=lambda r: (r["nodes"], r["parts"],
+                                                                                      r["method"])):
+        rows.append(f"| {r['method']} | {millions(r['nodes'])} | {r['parts']} | {r['total_s']:.1f} "
+                    f"({r['partition_s']:.1f}) | {gib(r['peak_over_graph_bytes'])} | {r['edge_cut']:.4f} | "
+                    f"{r['balance']:.3f} |")
+    return rows
+
+
+def plot(records: List[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = largest_cluster_nodes(records)
+    if n is None:
+        return
+    bars: Dict[str, float] = {}
+    cap = None
+    for mode in MODES:
+        rec = latest(records, kind="cluster", nodes=n, mode=mode)
+        if rec and not any(rec["exitcodes"]):
+            cap = rec["cap_bytes"]
+            for r, b in enumerate(rec["machine_peak_bytes"]):
+                bars[f"{'hybrid' if mode == 'hybrid' else 'graph par.'}\nmachine {r}"] = b / GIB
+    ref = latest(records, kind="single", nodes=n, cap_bytes=None)
+    if ref:
+        bars["one process\n(uncapped)"] = ref["machine_peak_bytes"] / GIB
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    colours = ["#4C72B0"] * 4 + ["#55A868"] * 4 + ["#C44E52"]
+    ax.bar(range(len(bars)), list(bars.values()), color=colours[:len(bars)])
+    ax.set_xticks(range(len(bars)), list(bars.keys()), fontsize=7)
+    if cap:
+        ax.axhline(cap / GIB, color="black", linestyle="--", linewidth=1)
+        ax.text(len(bars) - 0.5, cap / GIB, f" cap {cap / GIB:.0f} GiB", va="bottom", ha="right", fontsize=8)
+    ax.set_ylabel("peak memory (GiB)")
+    ax.set_title(f"{millions(n)} nodes: every capped machine stays under its cap; one process needs "
+                 f"{bars.get('one process' + chr(10) + '(uncapped)', 0):.1f} GiB", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(PLOT, dpi=110)
+    plt.close(fig)
+
+
+BLOCKS = {"answer": answer, "per_rank": per_rank, "accuracy": accuracy, "partitioning": partitioning}
+
+
+def write_page(records: List[dict], page: Path = PAGE) -> str:
+    """Replace every generated block of ``page`` with the tables of ``records``; redraw the plot; return the path."""
+    text = page.read_text()
+    for name, build in BLOCKS.items():
+        block = "\n".join(build(records))
+        pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(\n<!-- END {name} -->)", re.S)
+        if not pattern.search(text):
+            raise ValueError(f"{page}: no block {name!r} (<!-- BEGIN {name} --> ... <!-- END {name} -->)")
+        text = pattern.sub(lambda m: m.group(1) + block + m.group(2), text)
+    page.write_text(text)
+    plot(records)
+    return str(page)
