@@ -17,8 +17,10 @@ from lightning_gnnpipe.data.order import greedy_chunk_order, stale_read_stats  #
 from lightning_gnnpipe.nn import NodeDropout, make_dropout, node_rows  # noqa: E402
 from lightning_gnnpipe.nn.gcnii import GCNII  # noqa: E402
 from lightning_gnnpipe.strategy.graph_parallel import GraphParallelStrategy  # noqa: E402
+from lightning_gnnpipe.data.node_rows import NodeRows  # noqa: E402
 
-OBJECTS = [lg.GNNPipeStrategy, GraphParallelStrategy, lg.GraphChunkDataModule, lg.ChunkPlan, lg.build_chunk_plan,
+OBJECTS = [lg.GNNPipeStrategy, GraphParallelStrategy, lg.GraphChunkDataModule, lg.GraphChunkDataModule.from_partitions,
+           lg.partition_graph, NodeRows, lg.ChunkPlan, lg.build_chunk_plan,
            lg.metis_partition, greedy_chunk_order, stale_read_stats, lg.find_layer_stack, lg.History, GCNII,
            NodeDropout, node_rows, make_dropout,
            nested_partition, CommStats, pipeline_volume, graph_parallel_volume, hybrid_volume, estimate_layouts,
@@ -35,7 +37,7 @@ def render() -> str:
             sig = re.sub(r"<function (\w+) at 0x[0-9a-f]+>", r"\1", sig)  # same text on every run
         except (TypeError, ValueError):
             sig = "(...)"
-        lines += [f"## `{obj.__module__}.{obj.__name__}`", "", "```python", f"{obj.__name__}{sig}", "```", "",
+        lines += [f"## `{obj.__module__}.{obj.__qualname__}`", "", "```python", f"{obj.__name__}{sig}", "```", "",
                   inspect.getdoc(obj) or "", ""]
     return "\n".join(lines)
 

@@ -8,6 +8,7 @@ Implements GNNPipe (arXiv 2308.10087) as a PyTorch Lightning strategy. Pass
 from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_gnnpipe.data import ChunkPlan, GraphChunkDataModule, build_chunk_plan, metis_partition
+from lightning_gnnpipe.data.partitioned import partition_graph
 from lightning_gnnpipe.history.history import History
 from lightning_gnnpipe.nn.stack import BlockStack, LayerStack, find_layer_stack
 from lightning_gnnpipe.pipeline.schedule import SCHEDULES
@@ -30,6 +31,7 @@ __all__ = [
     "BlockStack",
     "find_layer_stack",
     "metis_partition",
+    "partition_graph",
 ]
 
 for _strategy in (GNNPipeStrategy, GraphParallelStrategy):

@@ -311,3 +311,48 @@ def test_hybrid_with_a_node_wise_first_block_from_partitions_equals_memory(tmp_p
                                                      SaveWeights(tmp_path / name / "weights.ckpt")])
         weights.append(_trained(tmp_path / name / "weights.ckpt"))
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0]), largest_difference(*weights)
+
+
+# ---------------------------------------------------------------- evaluation, predict, checkpoints and resume
+def test_validate_and_predict_from_partitions_equal_the_plain_module(tmp_path, graph, parts):
+    """Hybrid 2 x 2 from the directory: fit, then ``validate`` and ``predict`` from the checkpoint; the metrics and
+    the logits equal the plain module's on the whole graph with the checkpoint's weights."""
+    from tests.test_eval_modes import _plain, eval_job
+    from tests.world import run_world, values
+
+    dm = GraphChunkDataModule.from_partitions(str(parts))
+    metrics = values(run_world(4, eval_job, dm, 4, GNNPipeStrategy, {"graph_parallel_size": 2}, str(tmp_path)))
+    state = torch.load(tmp_path / "ckpt" / "epoch=0.ckpt", weights_only=True)
+    out, expected = _plain(graph, state["state_dict"])
+    for rank, got in enumerate(metrics):
+        assert all(abs(got[name] - value) <= 1e-6 for name, value in expected.items()), (got, expected)
+        torch.testing.assert_close(torch.load(tmp_path / f"logits.rank{rank}.pt"), out, atol=1e-5, rtol=0)
+
+
+def test_resume_from_partitions_continues_the_in_memory_run(tmp_path, graph, parts):
+    """A checkpoint (with history tables) of the in-memory hybrid fit resumes from the directory: the losses continue
+    the uninterrupted in-memory run bit for bit."""
+    from tests.scenarios import DropoutGCN, losses_job
+    from tests.world import run_world, values
+
+    opts = {"graph_parallel_size": 2, "save_history": True, "refresh_every": 0}
+    ckpt = tmp_path / "ckpt"
+    dm = GraphChunkDataModule(graph, num_chunks=4, num_parts=2)
+    full = values(run_world(4, losses_job, DropoutGCN(16, 32, 4, 4), dm, 4, 5, ckpt_dir=str(ckpt),
+                            strategy_kwargs=opts))[-1]
+    resumed = values(run_world(4, losses_job, DropoutGCN(16, 32, 4, 4), GraphChunkDataModule.from_partitions(
+        str(parts)), 4, 5, ckpt_path=str(ckpt / "epoch=1.ckpt"), strategy_kwargs=opts))[-1]
+    assert len(full) == 5 and resumed == full[2:]
+
+
+def test_cli_partitions_a_pyg_dataset_from_its_files(tmp_path):
+    """``--dataset torch_geometric.datasets.Planetoid --name Cora`` from the repository's raw files (a copy, so that
+    PyG's processing writes there): the directory loads, and its labels are Cora's."""
+    shutil.copytree(ROOT / "datasets" / "Planetoid" / "Cora", tmp_path / "Cora")
+    cli_main(["partition", "--dataset", "torch_geometric.datasets.Planetoid", "--root", str(tmp_path), "--name",
+              "Cora", "--num-parts", "2", "--num-chunks", "4", "--out", str(tmp_path / "parts")])
+    meta = read_meta(str(tmp_path / "parts"))
+    assert meta.num_nodes == 2708 and meta.meta["num_edges"] == 10556 and meta.masks == ["train_mask", "val_mask",
+                                                                                          "test_mask"]
+    data = load_partition(meta, 1)
+    assert int(data.y.max()) == 6 and int(data.train_mask.sum()) == 140

@@ -202,6 +202,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--nodes", type=int, default=1_600_000)
     p.add_argument("--single-nodes", type=int, nargs="*", default=[500_000, 600_000],
                    help="sizes the single process runs under the cap (the largest it trains, the smallest it cannot)")
+    p.add_argument("--partition-nodes", type=int, nargs="*", default=[1_000_000],
+                   help="further sizes that are only partitioned (G = 2, K = 8): the partitioner's figures")
+    p.add_argument("--check-nodes", type=int, nargs="*", default=[20_000, 600_000],
+                   help="smaller sizes the capped machines also train (2 epochs): the check of the per-rank estimate")
     p.add_argument("--machines", type=int, default=4)
     p.add_argument("--cap-gib", type=float, default=5.0)
     p.add_argument("--epochs", type=int, default=5)
@@ -226,6 +230,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         graph = graph_file(work, args.nodes, records)
         hybrid_parts = partition(work, graph, args.nodes, 2, 8, records)
         gp_parts = partition(work, graph, args.nodes, args.machines, args.machines, records)
+        for nodes in args.partition_nodes:
+            partition(work, graph_file(work, nodes, records), nodes, 2, 8, records)
         if "partitioners" not in args.skip:
             partitioners(work, graph, args.nodes, records)
         if "single" not in args.skip:
@@ -236,6 +242,12 @@ def main(argv: Optional[List[str]] = None) -> None:
             cluster(work, hybrid_parts, args.nodes, "hybrid", args.machines, cap, args.epochs, records)
         if "graph_parallel" not in args.skip:
             cluster(work, gp_parts, args.nodes, "graph_parallel", args.machines, cap, args.epochs, records)
+        for nodes in args.check_nodes:
+            small = graph_file(work, nodes, records)
+            for mode, G, K in (("hybrid", 2, 8), ("graph_parallel", args.machines, args.machines)):
+                if mode not in args.skip:
+                    cluster(work, partition(work, small, nodes, G, K, records), nodes, mode, args.machines, cap, 2,
+                            records)
         if "reference" not in args.skip:
             single(work, graph, args.nodes, None, args.epochs, records)  # uncapped: peak and accuracy
     if RECORDS == Path(__file__).with_name("runs.jsonl"):

@@ -24,7 +24,7 @@ def gib(b: Optional[float]) -> str:
 
 
 def millions(n: int) -> str:
-    return f"{n / 1e6:.1f}M"
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
 
 
 def latest(records: List[dict], **key) -> Optional[dict]:
@@ -93,9 +93,10 @@ def per_rank(records: List[dict]) -> List[str]:
         part = latest(records, kind="partition", nodes=n, G=2 if mode == "hybrid" else rec["machines"])
         G = part["G"]
         for r, peaks in enumerate(rec["rank_peaks"]):
-            g = r % G if mode == "hybrid" else r  # hybrid rank r: stage r // G, partition r % G
+            S = rec["machines"] // G
+            g = r // S if mode == "hybrid" else r  # hybrid rank r: stage r % S of partition r // S (its pipeline)
             p = part["parts"][g]
-            where = f"stage {r // G}, partition {g}" if mode == "hybrid" else f"partition {g}"
+            where = f"stage {r % S}, partition {g}" if mode == "hybrid" else f"partition {g}"
             rows.append(f"| {mode.replace('_', ' ')} | {r} ({where}) | {p['nodes']:,} + {p['halo']:,} "
                         f"({p['halo'] / p['nodes']:.2f}) | {gib(peaks['uss'])} | {gib(peaks.get('pss'))} | "
                         f"{peaks['uss'] / base:.2f}x | {gib(rec['machine_peak_bytes'][r])} |")
@@ -109,25 +110,55 @@ def per_rank(records: List[dict]) -> List[str]:
     return rows
 
 
+def estimate(records: List[dict]) -> List[str]:
+    """Each rank's peak USS at the middle size, predicted by a straight line in ``|V|`` through its peaks at the
+    smallest size (Python, torch, Lightning and PyG, nearly no graph) and the largest, against the measured."""
+    rows = ["| how | rank | smallest run | largest run | predicted at the middle size | measured | error |",
+            "|---|---|---|---|---|---|---|"]
+    for mode in MODES:
+        runs = sorted((r for r in records if r["kind"] == "cluster" and r["mode"] == mode and not any(r["exitcodes"])),
+                      key=lambda r: r["nodes"])
+        by_size = {r["nodes"]: r for r in runs}
+        sizes = sorted(by_size)
+        if len(sizes) < 3:
+            continue
+        lo, mid, hi = by_size[sizes[0]], by_size[sizes[len(sizes) // 2]], by_size[sizes[-1]]
+        for r in range(lo["machines"]):
+            a, m, b = (run["rank_peaks"][r]["uss"] for run in (lo, mid, hi))
+            pred = a + (b - a) * (mid["nodes"] - lo["nodes"]) / (hi["nodes"] - lo["nodes"])
+            rows.append(f"| {mode.replace('_', ' ')} | {r} | {gib(a)} ({millions(lo['nodes'])}) | {gib(b)} "
+                        f"({millions(hi['nodes'])}) | {gib(pred)} ({millions(mid['nodes'])}) | {gib(m)} | "
+                        f"{(pred - m) / m:+.0%} |")
+    return rows
+
+
 def accuracy(records: List[dict]) -> List[str]:
+    """Validation accuracy after the first, middle and last epoch, test accuracy at the last, seconds an epoch."""
     n = largest_cluster_nodes(records)
     runs = {"one CSR process (uncapped)": latest(records, kind="single", nodes=n, cap_bytes=None)}
     for mode in MODES:
         runs[MODES[mode].split(" (")[0]] = latest(records, kind="cluster", nodes=n, mode=mode)
-    rows = ["| run | epoch | validation accuracy | test accuracy | training s | validation s |", "|---|---|---|---|---|---|"]
+    rows = None
     for name, rec in runs.items():
-        if rec is None:
+        epochs = (rec or {}).get("epochs_rows") or []
+        if not epochs:
             continue
-        for e, row in enumerate(rec.get("epochs_rows") or []):
-            rows.append(f"| {name} | {e + 1} | {row['val_acc']:.4f} | {row['test_acc']:.4f} | {row['train_s']:.0f} | "
-                        f"{row['val_s']:.0f} |")
-    return rows
+        picks = sorted({0, len(epochs) // 2 - 1, len(epochs) - 1})
+        if rows is None:
+            rows = ["| run | " + " | ".join(f"validation, epoch {e + 1}" for e in picks) + " | test, epoch "
+                    f"{len(epochs)} | training s an epoch | validation s an epoch |", "|---" * (len(picks) + 4) + "|"]
+        train = sorted(e["train_s"] for e in epochs)[len(epochs) // 2]
+        val = sorted(e["val_s"] for e in epochs)[len(epochs) // 2]
+        rows.append(f"| {name} | " + " | ".join(f"{epochs[e]['val_acc']:.4f}" for e in picks) +
+                    f" | {epochs[-1]['test_acc']:.4f} | {train:.0f} | {val:.0f} |")
+    return rows or ["No run with accuracy is recorded yet."]
 
 
 def partitioning(records: List[dict]) -> List[str]:
     rows = ["| nodes | edges | G x K | wall s | METIS and plan s | peak | per million edges | edge cut (chunks) | "
             "edge cut (partitions) | directory |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted((r for r in records if r["kind"] == "partition"), key=lambda r: (r["nodes"], r["G"])):
+    for r in sorted((r for r in records if r["kind"] == "partition" and r["nodes"] >= 100_000),
+                    key=lambda r: (r["nodes"], r["G"])):
         rows.append(f"| {millions(r['nodes'])} | {millions(r['num_edges'])} | {r['G']} x {r['K'] // r['G']} | "
                     f"{r['wall_s']:.0f} | {r['seconds']['metis_and_plan']:.0f} | {gib(r['peak_bytes'])} | "
                     f"{r['peak_bytes_per_million_edges'] / MIB:,.0f} MiB | {r['edge_cut']:.4f} | "
@@ -169,15 +200,16 @@ def plot(records: List[dict]) -> None:
     if cap:
         ax.axhline(cap / GIB, color="black", linestyle="--", linewidth=1)
         ax.text(len(bars) - 0.5, cap / GIB, f" cap {cap / GIB:.0f} GiB", va="bottom", ha="right", fontsize=8)
-    ax.set_ylabel("peak memory (GiB)")
-    ax.set_title(f"{millions(n)} nodes: every capped machine stays under its cap; one process needs "
+    ax.set_ylabel("machine's peak memory (GiB)")
+    ax.set_title(f"{millions(n)} nodes: 4 machines capped at {cap / GIB:.0f} GiB train it; one process needs "
                  f"{bars.get('one process' + chr(10) + '(uncapped)', 0):.1f} GiB", fontsize=9)
     fig.tight_layout()
     fig.savefig(PLOT, dpi=110)
     plt.close(fig)
 
 
-BLOCKS = {"answer": answer, "per_rank": per_rank, "accuracy": accuracy, "partitioning": partitioning}
+BLOCKS = {"answer": answer, "per_rank": per_rank, "estimate": estimate, "accuracy": accuracy,
+          "partitioning": partitioning}
 
 
 def write_page(records: List[dict], page: Path = PAGE) -> str:
@@ -185,10 +217,10 @@ def write_page(records: List[dict], page: Path = PAGE) -> str:
     text = page.read_text()
     for name, build in BLOCKS.items():
         block = "\n".join(build(records))
-        pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(\n<!-- END {name} -->)", re.S)
+        pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
         if not pattern.search(text):
             raise ValueError(f"{page}: no block {name!r} (<!-- BEGIN {name} --> ... <!-- END {name} -->)")
-        text = pattern.sub(lambda m: m.group(1) + block + m.group(2), text)
+        text = pattern.sub(lambda m: m.group(1) + block + "\n" + m.group(2), text)
     page.write_text(text)
     plot(records)
     return str(page)
