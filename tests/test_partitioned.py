@@ -98,25 +98,31 @@ def test_round_trip(graph, parts):
         assert stub.x.values.size(0) == 2 and torch.equal(stub.x.values, graph.x[ids[:2]])
 
 
-def _fit_both(tmp_path, graph, strategy, devices, num_parts, num_chunks, part=None):
-    dm = GraphChunkDataModule(graph, num_chunks=num_chunks, num_parts=1 if part is not None else num_parts, part=part)
+def _fit_both(tmp_path, graph, strategy, devices, num_parts, num_chunks, part=None, **steps):
+    dm = GraphChunkDataModule(graph, num_chunks=num_chunks, num_parts=1 if part is not None else num_parts, part=part,
+                              **steps)
     out = tmp_path / "parts"
     partition_graph(graph, num_parts, num_chunks, str(out), part=part, verbose=False)
     memory = trained_weights(tmp_path / "memory", dm, devices, strategy(), validate=True)
-    disk = trained_weights(tmp_path / "disk", GraphChunkDataModule.from_partitions(str(out)), devices, strategy(),
-                           validate=True)
+    disk = trained_weights(tmp_path / "disk", GraphChunkDataModule.from_partitions(str(out), **steps), devices,
+                           strategy(), validate=True)
     return memory, disk
 
 
-@pytest.mark.parametrize("case", ["hybrid_1f1b", "pipeline_gpipe", "graph_parallel"])
+@pytest.mark.parametrize("case", ["hybrid_1f1b", "hybrid_steps", "pipeline_gpipe", "pipeline_1f1b",
+                                  "graph_parallel"])
 def test_fit_from_partitions_takes_the_same_steps(tmp_path, graph, case):
     """Plain SGD, validation (and with it the history refresh) every epoch: the parameters equal the in-memory
-    fit's bit for bit (hybrid 2 x 2 with 1F1B, GNNPipe with one partition and GPipe, graph parallelism G = 2)."""
+    fit's bit for bit (hybrid 2 x 2 with 1F1B and with two steps an epoch, GNNPipe with one partition and GPipe or
+    1F1B, graph parallelism G = 2)."""
     if case == "hybrid_1f1b":
         memory, disk = _fit_both(tmp_path, graph, lambda: GNNPipeStrategy(graph_parallel_size=2, schedule="1f1b"),
                                  4, 2, 4)
-    elif case == "pipeline_gpipe":
-        memory, disk = _fit_both(tmp_path, graph, lambda: GNNPipeStrategy(schedule="gpipe"), 2, 1, 4)
+    elif case == "hybrid_steps":  # two optimizer steps an epoch, shuffled groups of 2 chunks
+        memory, disk = _fit_both(tmp_path, graph, lambda: GNNPipeStrategy(graph_parallel_size=2), 4, 2, 4,
+                                 chunks_per_step=2, chunk_groups="shuffle")
+    elif case.startswith("pipeline"):
+        memory, disk = _fit_both(tmp_path, graph, lambda: GNNPipeStrategy(schedule=case.split("_")[1]), 2, 1, 4)
     else:
         part = GraphChunkDataModule(graph, num_chunks=2).plan.part
         memory, disk = _fit_both(tmp_path, graph, GraphParallelStrategy, 2, 2, 2, part=part)
@@ -356,3 +362,30 @@ def test_cli_partitions_a_pyg_dataset_from_its_files(tmp_path):
                                                                                           "test_mask"]
     data = load_partition(meta, 1)
     assert int(data.y.max()) == 6 and int(data.train_mask.sum()) == 140
+
+
+def test_spawned_ranks_load_their_partitions(tmp_path, graph, parts):
+    """The strategy's own spawn launcher (a user's script on one machine): the launching process holds the directory's
+    metadata only, the spawned ranks load their partitions, and the weights equal the in-memory fit's."""
+    from tests.helpers import fit
+    from tests.test_exactness import SGDChunkLossGCN
+
+    dm = GraphChunkDataModule.from_partitions(str(parts))
+    fit(str(tmp_path / "disk"), SGDChunkLossGCN(16, 32, 4, 4, lr=0.5), dm, devices=2,
+        strategy=GNNPipeStrategy(graph_parallel_size=2), epochs=2, launcher="spawn", limit_val_batches=0,
+        callbacks=_saver(tmp_path / "disk"))
+    assert dm.data is None and dm.plan is None  # this process loaded nothing
+    memory = GraphChunkDataModule(graph, num_chunks=4, num_parts=2)
+    fit(str(tmp_path / "memory"), SGDChunkLossGCN(16, 32, 4, 4, lr=0.5), memory, devices=2,
+        strategy=GNNPipeStrategy(graph_parallel_size=2), epochs=2, limit_val_batches=0,
+        callbacks=_saver(tmp_path / "memory"))
+    a, b = (torch.load(tmp_path / d / "weights.ckpt", weights_only=True)["state_dict"] for d in ("disk", "memory"))
+    assert all(torch.equal(a[k], b[k]) for k in a), largest_difference(a, b)
+
+
+def _saver(directory):
+    from tests.helpers import MetricRecorder
+    from tests.test_exactness import SaveWeights
+
+    directory.mkdir(parents=True, exist_ok=True)
+    return [MetricRecorder(str(directory)), SaveWeights(directory / "weights.ckpt")]

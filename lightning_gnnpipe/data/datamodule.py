@@ -118,6 +118,8 @@ class GraphChunkDataModule(LightningDataModule):
         self.plan: Optional[ChunkPlan] = make_chunk_plan(data.edge_index, data.num_nodes, num_chunks, num_parts, part,
                                                          chunk_order)
         self.partitions: Optional[PartitionDirectory] = None  # from_partitions: the directory the ranks load from
+        self._loaded: Optional[Tuple[int, bool]] = None  # from_partitions: (partition, with features) this rank holds
+        self._edges_released = False  # from_partitions: its edge list was let go of after a build
         self._on_device: Dict[torch.device, Tuple[tuple, Data]] = {}
         self._edge_counts: Optional[Tensor] = None
 
@@ -152,7 +154,7 @@ class GraphChunkDataModule(LightningDataModule):
         dm.chunks_per_step = check_chunks_per_step(chunks_per_step, dm.num_chunks, dm.num_parts, chunk_groups,
                                                    "train_mask" in directory.masks)
         dm.chunk_groups, dm.seed = chunk_groups, int(seed)
-        dm.data, dm.plan, dm.partitions = None, None, directory
+        dm.data, dm.plan, dm.partitions, dm._loaded, dm._edges_released = None, None, directory, None, False
         dm._on_device, dm._edge_counts = {}, None
         return dm
 
@@ -165,9 +167,9 @@ class GraphChunkDataModule(LightningDataModule):
                 rank trains).
             FileNotFoundError, ValueError: A file the rank reads is missing, truncated or changed.
         """
-        if self.partitions is None or self.data is not None:
+        if self.partitions is None:
             return
-        from lightning_gnnpipe.data.partitioned.read import load_partition, load_plan
+        from lightning_gnnpipe.data.partitioned.read import load_edges, load_partition, load_plan
 
         strategy = getattr(self.trainer, "strategy", None)
         which = getattr(strategy, "partition_to_load", None)
@@ -177,16 +179,28 @@ class GraphChunkDataModule(LightningDataModule):
                 f"strategies assign (got strategy={type(strategy).__name__}). Use GNNPipeStrategy or "
                 "GraphParallelStrategy, or GraphChunkDataModule(data) for one device."
             )
-        g, features = which()
-        self.plan, self._edge_counts = load_plan(self.partitions)
+        g, features, _ = which()
+        if self.data is not None and self._loaded == (g, features):  # a validate/test/predict after a fit
+            if self._edges_released:  # the fit let go of the edge list, which a new build reads: read it again
+                self.data.edge_index = load_edges(self.partitions, g)
+                self._edges_released = False
+                self._on_device.clear()
+            return
+        if self.plan is None:
+            self.plan, self._edge_counts = load_plan(self.partitions)
         self.data = load_partition(self.partitions, g, features=features)
+        self._loaded, self._edges_released = (g, features), False
+        self._on_device.clear()
 
     def release_edges(self) -> None:
         """Let go of a loaded partition's edge list once the strategy built its chunk graphs from it (called by the
         strategy; ``batch.edge_index`` becomes an empty ``(2, 0)`` tensor: under the strategies the stages aggregate
-        over their own chunk graphs, and a partition's edges are not the graph's anyway)."""
+        over their own chunk graphs, and a partition's edges are not the graph's anyway). The next :meth:`setup`
+        (a ``validate``, ``test`` or ``predict`` after the fit, which builds the chunk graphs again) reads it
+        again."""
         if self.partitions is not None and self.data is not None:
             self.data.edge_index = self.data.edge_index[:, :0].clone()
+            self._edges_released = True
             self._on_device.clear()
 
     @property

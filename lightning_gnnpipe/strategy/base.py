@@ -40,6 +40,7 @@ from lightning_gnnpipe.strategy.insight import PipelineInsight
 from lightning_gnnpipe.strategy.allocator import (DEFAULT_HEAP_MMAP_THRESHOLD, check_heap_mmap_threshold,
                                                   rank_allocator_settings, release_shared_pages, started_by_strategy,
                                                   trim_heap)
+from lightning_gnnpipe.strategy.partition_loading import PartitionLoading, release_partition_edges
 from lightning_gnnpipe.strategy.launcher import (CheckedMultiProcessingLauncher, HugePageScriptLauncher,
                                                 destroy_groups_at_exit)
 from lightning_gnnpipe.strategy.precision import autocast_dtype, check_precision
@@ -51,7 +52,7 @@ def distributed_is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-class WholeGraphStrategy(LauncherHook, ParallelStrategy):
+class WholeGraphStrategy(LauncherHook, PartitionLoading, ParallelStrategy):
     """Base of :class:`~lightning_gnnpipe.GNNPipeStrategy` and :class:`~lightning_gnnpipe.GraphParallelStrategy`.
 
     Args:
@@ -270,11 +271,9 @@ class WholeGraphStrategy(LauncherHook, ParallelStrategy):
         self.comm_stats.clock = StepClock(self.root_device)  # CUDA events on a GPU
         self._build(trainer)
         # What the ranks read the whole graph for is built: let go of the shared pages they no longer read
-        released = release_shared_pages(self._graph_tensors_done(trainer.datamodule.data))
-        if trainer.datamodule.partitions is not None and not self._edges_read_after_build():
-            trainer.datamodule.release_edges()  # a partition's edge list, private memory: 16 bytes an edge
+        self.released_graph_bytes = release_shared_pages(self._graph_tensors_done(trainer.datamodule.data))
+        release_partition_edges(self, trainer.datamodule)  # a loaded partition's edge list, where nothing reads it
         trim_heap()  # and of the heap the build freed
-        self.released_graph_bytes = released
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
             if self.insight not in trainer.callbacks:
@@ -298,11 +297,6 @@ class WholeGraphStrategy(LauncherHook, ParallelStrategy):
         """The graph's tensors this rank no longer reads once :meth:`_build` ran (its pages are released when shared
         memory, :func:`~lightning_gnnpipe.strategy.allocator.release_shared_pages`): the edge list."""
         return [data.edge_index]
-
-    def _edges_read_after_build(self) -> bool:
-        """Whether this rank reads the graph's edge list after :meth:`_build` (a partitioned graph's is let go of
-        otherwise)."""
-        return False
 
     def _training_precision(self, plugin: Precision) -> Precision:
         """The precision plugin to train with (a subclass may swap in global-norm clipping)."""

@@ -210,8 +210,7 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
             stack.blocks, virtual, self._dims, plan, data.edge_index, x, layout, self.root_device, self.comm_stats,
             self.history_momentum, halo_grads, self._boundary_dtype, self.activation_checkpointing,
             self.history_dtype, self.host_threads())
-        self._evaluation = None if self.graph_parallel_size > 1 else partial(  # G > 1: the pipelined forward
-            GraphParallelEvaluation.build,  # built at the first evaluation, if any
+        self._evaluation = None if self.graph_parallel_size > 1 else partial(GraphParallelEvaluation.build,  # G = 1
             self.evaluation, self.graph_parallel_size, stack.blocks, plan, data.edge_index, x, topo.num_stages,
             self.stage_index, self._pp_group, self.root_device, runtime.boundary_dtype != x.dtype, self._dims, virtual)
         check_stage_widths(runtime.widths, self._pp_group)
@@ -234,16 +233,6 @@ class GNNPipeStrategy(PipelineCheckpointHooks, WholeGraphStrategy):
     def _graph_tensors_done(self, data: Any) -> List[Tensor]:  # stage 0 reads the features (and a stage making x0)
         first = self._runtime is not None and any(stage.x is not None for stage in self._runtime.stages)
         return super()._graph_tensors_done(data) + ([] if first or not isinstance(data.x, Tensor) else [data.x])
-
-    def _edges_read_after_build(self) -> bool:  # the graph-parallel evaluation (G = 1) is built at the first one
-        return self.graph_parallel_size == 1
-
-    def partition_to_load(self) -> Tuple[int, bool]:
-        """``(g, features)``: the partition this rank loads from a partitioned graph (:meth:`GraphChunkDataModule.
-        from_partitions <lightning_gnnpipe.GraphChunkDataModule.from_partitions>`), and whether it loads its feature
-        rows: the first stage reads them, and with one partition (``G = 1``) every stage may (the graph-parallel
-        evaluation, GCNII's ``x0`` computed on each stage)."""
-        return self.partition_index, self.stage_index == 0 or self.graph_parallel_size == 1
 
     def _training_precision(self, plugin: Precision) -> Precision:
         # A rank holds only its stage's gradients: clip by the norm over all stages (strategy/precision.py).

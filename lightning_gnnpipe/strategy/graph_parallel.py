@@ -152,10 +152,6 @@ class GraphParallelStrategy(WholeGraphStrategy):
         self._rows = plan.max_chunk_size
         self._params = list(dict.fromkeys(p for b in stack.blocks for p in b.parameters() if p.requires_grad))
 
-    def partition_to_load(self) -> Tuple[int, bool]:
-        """``(g, True)``: rank ``g`` loads partition ``g`` of a partitioned graph, its features included."""
-        return self.global_rank, True
-
     # ------------------------------------------------------------------ collectives
     def kept_bytes(self) -> Tuple[int, int]:
         """``(0, chunk graph bytes)``: graph parallelism keeps no history tables."""

@@ -39,6 +39,11 @@ def load_plan(directory: PartitionDirectory) -> Tuple[ChunkPlan, torch.Tensor]:
     return plan, saved["edge_counts"]
 
 
+def load_edges(directory: PartitionDirectory, g: int):
+    """Partition ``g``'s edges ``(2, E_g)``: those into its nodes, global ids, in the graph's order."""
+    return _load(directory.file(part_graph(g)))
+
+
 def load_partition(directory: PartitionDirectory, g: int, features: bool = True) -> Data:
     """Partition ``g``'s graph: ``edge_index`` ``(2, E_g)`` (the edges into its nodes, global ids), ``y`` and the masks
     ``(|V|,)``, ``num_nodes = |V|`` and ``x``: the partition's and its halo's feature rows (``features``), a full
@@ -53,7 +58,7 @@ def load_partition(directory: PartitionDirectory, g: int, features: bool = True)
     if not 0 <= g < directory.num_parts:
         raise IndexError(f"partitioned graph {directory.path}: no partition {g} (it has {directory.num_parts}).")
     n = directory.num_nodes
-    data = Data(edge_index=_load(directory.file(part_graph(g))), num_nodes=n)
+    data = Data(edge_index=load_edges(directory, g), num_nodes=n)
     for name, value in _load(directory.file(LABELS)).items():
         data[name] = value
     stored = _load(directory.file(part_features(g)), mmap=not features)

@@ -64,8 +64,9 @@ def partition_graph(data: Data, num_parts: int, num_chunks: int, out_dir: str, p
     """
     out_dir = os.fspath(out_dir)
     if os.path.exists(out_dir):
-        raise FileExistsError(f"partition_graph: {out_dir!r} exists (got a {'directory' if os.path.isdir(out_dir) else 'file'}). "
-                              "Give a new directory; nothing is written over.")
+        kind = "directory" if os.path.isdir(out_dir) else "file"
+        raise FileExistsError(f"partition_graph: {out_dir!r} exists (got a {kind}). Give a new directory; nothing is "
+                              "written over.")
     validate_graph(data)
     num_nodes, num_edges = int(data.num_nodes), int(data.edge_index.size(1))
     num_chunks = validate_num_chunks(num_chunks, num_nodes)
