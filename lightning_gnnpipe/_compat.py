@@ -9,7 +9,14 @@ checks these three), nor replaces the methods of their objects (:func:`wrap_pipe
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, List
+
+# torch 2.13 deprecates ``isinstance(x, LeafSpec)`` and warns (FutureWarning) on every ``LeafSpec()`` that Lightning
+# 2.6's ``CombinedLoader`` builds (lightning/pytorch/utilities/_pytree.py:21): in every process of every fit, about
+# the libraries' code, nothing a user can act on. Silenced for that message only (torch 2.11 does not warn).
+LEAFSPEC_DEPRECATION = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+warnings.filterwarnings("ignore", message=LEAFSPEC_DEPRECATION, category=FutureWarning)
 
 # Lightning 2.6: the launchers Lightning's own DDPStrategy uses. No public launcher class exists; a strategy
 # that wants spawn/popen/torchrun support has to reuse these (as every strategy in lightning.pytorch does).

@@ -117,3 +117,30 @@ def test_node_rows_are_reset_after_an_error():
             assert dropout._ROWS.get() is not None
             raise RuntimeError("inside")
     assert dropout._ROWS.get() is None
+
+
+def test_lightnings_leafspec_deprecation_is_silenced_only_for_its_message():
+    """torch 2.13 warns (FutureWarning) at every ``LeafSpec()`` Lightning 2.6's CombinedLoader builds; importing
+    lightning_gnnpipe silences that message, and only it (a fresh interpreter: pytest resets warning filters)."""
+    import subprocess
+    import sys
+
+    code = """
+import warnings
+from lightning.pytorch.utilities._pytree import _tree_flatten
+def flatten():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.filterwarnings("always", append=True)  # every time, after the filters already there
+        _tree_flatten(1)
+        warnings.warn("another FutureWarning", FutureWarning)
+    return [type(w.message).__name__ + ": " + str(w.message)[:40] for w in caught]
+print(flatten())
+import lightning_gnnpipe
+print(flatten())
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}  # conftest.py quiets the suite's processes
+    before, after = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                   timeout=120, env=env).stdout.strip().splitlines()
+    assert after == "['FutureWarning: another FutureWarning']"
+    if torch.__version__ >= "2.13":  # the message the filter names is the one torch gives
+        assert "FutureWarning: `isinstance(treespec, LeafSpec)` is depr" in before

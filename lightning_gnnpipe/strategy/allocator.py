@@ -37,6 +37,7 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional
 
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc <malloc.h>
@@ -257,6 +258,14 @@ def rank_allocator_settings(heap_mmap_threshold: Optional[int], huge_pages: bool
     heap = None if heap_mmap_threshold is None else apply_heap_mmap_threshold(heap_mmap_threshold)
     why = {"heap_mmap_threshold": heap, "huge_pages=True": huge_pages_unavailable() if huge_pages else None}
     return {option: reason for option, reason in why.items() if reason is not None}
+
+
+def warn_unset_settings(owner: str, rank: int, unset: Mapping[str, str]) -> None:
+    """Warn once, from rank 0, in one line, every option of :func:`rank_allocator_settings` that cannot act in this
+    rank and why (nothing if all act)."""
+    if unset:
+        rank_zero_warn(f"{owner}: " + "; ".join(f"`{option}` cannot act in rank {rank}: {why}"
+                                                 for option, why in unset.items()) + ".")
 
 
 MADV_DONTNEED = 4  # <sys/mman.h>, Linux

@@ -23,7 +23,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.optim import Optimizer
@@ -39,7 +39,7 @@ from lightning_gnnpipe.strategy.forward_patch import stack_returns
 from lightning_gnnpipe.strategy.insight import PipelineInsight
 from lightning_gnnpipe.strategy.allocator import (DEFAULT_HEAP_MMAP_THRESHOLD, check_heap_mmap_threshold,
                                                   rank_allocator_settings, release_shared_pages, started_by_strategy,
-                                                  trim_heap)
+                                                  trim_heap, warn_unset_settings)
 from lightning_gnnpipe.strategy.partition_loading import PartitionLoading, release_partition_edges
 from lightning_gnnpipe.strategy.launcher import (CheckedMultiProcessingLauncher, HugePageScriptLauncher,
                                                 destroy_groups_at_exit)
@@ -185,8 +185,8 @@ class WholeGraphStrategy(LauncherHook, PartitionLoading, ParallelStrategy):
         super().setup_environment()
         self.set_world_ranks()
         on_cpu = self.root_device.type == "cpu"  # before the graph is built; on rank 0: the process that lacks them
-        for option, why in rank_allocator_settings(self._heap_mmap_threshold, self.huge_pages and on_cpu).items():
-            rank_zero_warn(f"{type(self).__name__}: `{option}` cannot act in rank {self.global_rank}: {why}.")
+        warn_unset_settings(type(self).__name__, self.global_rank,  # one line, from rank 0
+                            rank_allocator_settings(self._heap_mmap_threshold, self.huge_pages and on_cpu))
         self._process_group_backend = self._process_group_backend or default_process_group_backend(self.root_device)
         assert self.cluster_environment is not None
         if enable_nccl_error_handling(self._process_group_backend):  # before the NCCL process group exists
