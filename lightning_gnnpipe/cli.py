@@ -45,7 +45,10 @@ def main(args: Optional[List[str]] = None) -> None:
 
         partition(argv[1:])
         return
-    GNNPipeCLI(NodeClassifier, PlanetoidChunkDataModule, args=args, save_config_kwargs={"overwrite": True})
+    GNNPipeCLI(NodeClassifier, PlanetoidChunkDataModule, args=args, save_config_kwargs={"overwrite": True},
+               parser_kwargs={"description": "Lightning's subcommands over a node classifier and a graph; and "
+                                             "`lightning-gnnpipe partition --help`: cut a graph once for "
+                                             "GraphChunkDataModule.from_partitions."})
 
 
 if __name__ == "__main__":  # the spawned stage processes import this module; they must not run it

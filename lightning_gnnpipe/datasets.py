@@ -140,13 +140,3 @@ class PlanetoidChunkDataModule(GraphChunkDataModule):
     def __init__(self, name: str = "Cora", num_chunks: int = 8, cache: Optional[str] = None) -> None:
         super().__init__(load_planetoid(name, cache=cache), num_chunks=num_chunks)
         self.name = name
-
-    @property
-    def num_features(self) -> int:
-        """Width ``F`` of the node features."""
-        return int(self.data.num_features)
-
-    @property
-    def num_classes(self) -> int:
-        """Number of classes ``C`` (labels are ``0 .. C-1``)."""
-        return int(self.data.y.max()) + 1

@@ -183,7 +183,7 @@ def test_an_interrupted_partitioner_leaves_nothing_that_loads(tmp_path, graph, m
 
 @pytest.mark.parametrize("damage,error,match", [
     ("no_meta", FileNotFoundError, "no META.json"),
-    ("missing_part", FileNotFoundError, "part_1/graph.pt is missing"),
+    ("missing_plan", FileNotFoundError, "plan.pt is missing"),
     ("truncated", ValueError, "part_0/node_feats.pt has .* bytes, META.json records"),
     ("version", ValueError, "format version 99"),
 ])
@@ -191,8 +191,8 @@ def test_damaged_directories_fail_before_any_process(tmp_path, parts, damage, er
     out = _copy(parts, tmp_path)
     if damage == "no_meta":
         (out / "META.json").unlink()
-    elif damage == "missing_part":
-        (out / part_graph(1)).unlink()
+    elif damage == "missing_plan":
+        (out / "plan.pt").unlink()
     elif damage == "truncated":
         path = out / part_features(0)
         path.write_bytes(path.read_bytes()[:-100])
@@ -389,3 +389,25 @@ def _saver(directory):
 
     directory.mkdir(parents=True, exist_ok=True)
     return [MetricRecorder(str(directory)), SaveWeights(directory / "weights.ckpt")]
+
+
+def test_a_machine_holds_only_its_own_part(tmp_path, graph, parts):
+    """What the recipe says to place on a machine: ``META.json``, ``plan.pt``, ``labels.pt`` and its ranks'
+    ``part_{g}/``. The directory opens (the launching process checks only the shared files) and the rank loads its
+    partition; the other partition's files are needed only where they are read."""
+    out = tmp_path / "machine1"
+    out.mkdir()
+    for name in ("META.json", "plan.pt", "labels.pt"):
+        shutil.copy(parts / name, out / name)
+    shutil.copytree(parts / "part_1", out / "part_1")
+    meta = read_meta(str(out))
+    assert torch.equal(load_partition(meta, 1).edge_index, load_partition(read_meta(str(parts)), 1).edge_index)
+    with pytest.raises(FileNotFoundError, match="part_0/graph.pt is missing"):
+        load_partition(meta, 0)
+    dm = GraphChunkDataModule.from_partitions(str(out))
+    assert (dm.num_features, dm.num_classes) == (16, 4) == (graph.num_features, int(graph.y.max()) + 1)
+
+
+def test_out_with_a_trailing_slash(tmp_path, graph):
+    partition_graph(graph, 2, 4, str(tmp_path / "parts") + "/", verbose=False)
+    assert sorted(os.listdir(tmp_path)) == ["parts"] and read_meta(str(tmp_path / "parts")).num_parts == 2

@@ -204,6 +204,21 @@ class GraphChunkDataModule(LightningDataModule):
             self._on_device.clear()
 
     @property
+    def num_features(self) -> int:
+        """``F``, the width of ``x`` (of a partitioned graph: from ``META.json``, in any process)."""
+        if self.partitions is not None:
+            return int(self.partitions.meta["num_features"])
+        return int(self.data.x.size(1))
+
+    @property
+    def num_classes(self) -> Optional[int]:
+        """``max(y) + 1`` (of a partitioned graph: from ``META.json``, in any process); ``None`` without ``y``."""
+        if self.partitions is not None:
+            return self.partitions.meta.get("num_classes")
+        y = getattr(self.data, "y", None)
+        return int(y.max()) + 1 if isinstance(y, Tensor) and y.numel() else None
+
+    @property
     def steps_per_epoch(self) -> int:
         """Training steps (optimizer steps) an epoch: ``K / chunks_per_step``."""
         return self.num_chunks // self.chunks_per_step

@@ -55,7 +55,7 @@ def check_chunks_per_step(chunks_per_step: object, num_chunks: int, num_parts: i
                         f"{type(chunks_per_step).__name__}).")
     c, k = chunks_per_step, num_chunks
     if not 1 <= c <= k or k % c:
-        divisors = [d for d in range(1, k + 1) if k % d == 0]
+        divisors = [d for d in range(num_parts, k + 1, num_parts) if k % d == 0]  # the values both rules allow
         raise ValueError(f"{_WHERE}: `chunks_per_step` must divide `num_chunks` ({k}) so that every step runs as many "
                          f"chunks (got {c}). Use one of {divisors}, or None for one step an epoch.")
     if c % num_parts:

@@ -118,11 +118,13 @@ def check_file(root: str, name: str, record: Dict[str, Any], checksum: bool) -> 
 
 
 def read_meta(path: str) -> PartitionDirectory:
-    """Read and check ``path/META.json``: the format and version, and that every file it lists is there with its
-    recorded size (checksums are checked when a rank loads a file, :meth:`PartitionDirectory.file`).
+    """Read and check ``path/META.json``: the format and version, that the files every rank reads (``plan.pt``,
+    ``labels.pt``) are there, and that each listed file present has its recorded size. A machine may hold only the
+    ``part_{g}/`` of its own ranks: a missing part file is an error of the rank that loads it (checksums are checked
+    there too, :meth:`PartitionDirectory.file`).
 
     Raises:
-        FileNotFoundError: ``path`` is not a directory, or has no ``META.json``, or a listed file is missing.
+        FileNotFoundError: ``path`` is not a directory, or has no ``META.json``, ``plan.pt`` or ``labels.pt``.
         ValueError: Another format or version, or a file of another size.
     """
     path = os.fspath(path)
@@ -146,5 +148,6 @@ def read_meta(path: str) -> PartitionDirectory:
         raise ValueError(f"partitioned graph {path}: format version {meta.get('version')!r}, this lightning_gnnpipe "
                          f"reads version {VERSION}. Partition the graph again with this version.")
     for name, record in meta["files"].items():
-        check_file(path, name, record, checksum=False)
+        if name in (PLAN, LABELS) or os.path.exists(os.path.join(path, name)):
+            check_file(path, name, record, checksum=False)
     return PartitionDirectory(path, meta)

@@ -62,7 +62,7 @@ def partition_graph(data: Data, num_parts: int, num_chunks: int, out_dir: str, p
         FileExistsError: ``out_dir`` exists.
         TypeError, ValueError: A malformed graph, ``num_chunks``, ``num_parts`` or ``part`` (as the DataModule's).
     """
-    out_dir = os.fspath(out_dir)
+    out_dir = os.path.normpath(os.fspath(out_dir))  # "parts/" names the directory "parts" (its sibling is the temp)
     if os.path.exists(out_dir):
         kind = "directory" if os.path.isdir(out_dir) else "file"
         raise FileExistsError(f"partition_graph: {out_dir!r} exists (got a {kind}). Give a new directory; nothing is "
@@ -136,6 +136,7 @@ def partition_graph(data: Data, num_parts: int, num_chunks: int, out_dir: str, p
         meta = {"format": FORMAT, "version": VERSION, "num_nodes": num_nodes, "num_edges": num_edges,
                 "num_features": int(data.x.size(1)), "feature_dtype": str(data.x.dtype).replace("torch.", ""),
                 "num_parts": num_parts, "num_chunks": num_chunks, "chunk_order": chunk_order,
+                "num_classes": int(labels["y"].max()) + 1 if "y" in labels else None,
                 "edge_cut": plan.edge_cut, "partition_edge_cut": cut, "has_y": "y" in labels,
                 "masks": [m for m in MASKS if m in labels], "parts": parts, "files": files,
                 "seconds": seconds, "peak_bytes": peak,
@@ -146,6 +147,7 @@ def partition_graph(data: Data, num_parts: int, num_chunks: int, out_dir: str, p
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    say(f"wrote {out_dir} in {sum(seconds.values()):.1f} s; peak memory {peak / 2**20:,.0f} MiB "
-        f"({meta['peak_bytes_per_million_edges'] / 2**20:,.1f} MiB per million edges)")
+    per_million = f" ({meta['peak_bytes_per_million_edges'] / 2**20:,.1f} MiB per million edges)" \
+        if num_edges >= 10**6 else ""  # below a million edges the interpreter's own memory dominates
+    say(f"wrote {out_dir} in {sum(seconds.values()):.1f} s; peak memory {peak / 2**20:,.0f} MiB{per_million}")
     return meta
