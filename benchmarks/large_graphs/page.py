@@ -212,15 +212,23 @@ BLOCKS = {"answer": answer, "per_rank": per_rank, "estimate": estimate, "accurac
           "partitioning": partitioning}
 
 
-def write_page(records: List[dict], page: Path = PAGE) -> str:
-    """Replace every generated block of ``page`` with the tables of ``records``; redraw the plot; return the path."""
-    text = page.read_text()
+def render(records: List[dict], text: str, page: Path = PAGE) -> str:
+    """``text`` (the page) with every generated block replaced by the tables of ``records``.
+
+    Raises:
+        ValueError: A block's markers are missing.
+    """
     for name, build in BLOCKS.items():
         block = "\n".join(build(records))
         pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
         if not pattern.search(text):
             raise ValueError(f"{page}: no block {name!r} (<!-- BEGIN {name} --> ... <!-- END {name} -->)")
         text = pattern.sub(lambda m: m.group(1) + block + "\n" + m.group(2), text)
-    page.write_text(text)
+    return text
+
+
+def write_page(records: List[dict], page: Path = PAGE) -> str:
+    """Replace every generated block of ``page`` with the tables of ``records``; redraw the plot; return the path."""
+    page.write_text(render(records, page.read_text(), page))
     plot(records)
     return str(page)
