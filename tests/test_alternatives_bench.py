@@ -52,3 +52,17 @@ def test_stopper_is_lightnings_early_stopping_and_a_budget():
     assert budget.why == "budget"
     fixed = Stopper({"max_epochs": 100, "epochs": 2, "patience": 1})
     assert [fixed.done({"train_s": 1.0, "val_s": 0.0, "val_acc": 0.5}, e) for e in range(2)] == [False, True]
+
+
+def test_the_page_is_what_its_records_give(tmp_path):
+    """docs/results/alternatives.md is rendered again from runs.jsonl and its hand-written blocks: equal, and a table
+    figure changed by hand would differ."""
+    from benchmarks.alternatives.bench import PAGE, load
+    from benchmarks.alternatives.page import read_sections, render
+
+    records, text = load(), PAGE.read_text()
+    assert render(records, read_sections(PAGE), PAGE) == text, "run python -m benchmarks.alternatives.bench --page-only"
+    row = next(line for line in text.splitlines() if line.startswith("| ") and " s (" in line)
+    edited = tmp_path / PAGE.name
+    edited.write_text(text.replace(row, row.replace(" s (", "0 s (", 1), 1))
+    assert render(records, read_sections(edited), edited) != edited.read_text()

@@ -284,11 +284,17 @@ def write_page(records: List[dict], path: Path, sections: Optional[Dict[str, str
     between the generated tables (key -> markdown), read from the page's previous version's marked blocks when
     ``None``."""
     runs = accuracy_runs(records)
-    text = sections if sections is not None else read_sections(path)
+    page = render(records, sections if sections is not None else read_sections(path), path)
+    if runs:
+        plot(runs, path.with_suffix(".png"), plot_title(runs))
+    path.write_text(page)
+
+
+def render(records: List[dict], text: Dict[str, str], path: Path) -> str:
+    """The page's markdown from ``records`` and the hand-written ``text`` blocks (:func:`read_sections`)."""
+    runs = accuracy_runs(records)
     png = path.with_suffix(".png")
     title = plot_title(runs)
-    if runs:
-        plot(runs, png, title)
     out = ["# GNNPipe against Cluster-GCN and neighbour sampling", "",
            "<!-- written by " + COMMAND + " from benchmarks/alternatives/runs.jsonl; edit the text between the "
            "BEGIN/END markers only -->", ""]
@@ -304,7 +310,7 @@ def write_page(records: List[dict], path: Path, sections: Optional[Dict[str, str
         out += [f"### {key[0]:,} nodes, {MODEL_NAMES[key[1]]}", ""] + detail_table(key, runs[key]) + [""]
     out += ["## Over a cluster link", ""] + block(text, "link") + link_table(records, runs) + [""]
     out += ["## Choosing the steps", ""] + block(text, "tuning") + tuning_table(records) + [""]
-    path.write_text("\n".join(out).rstrip() + "\n")
+    return "\n".join(out).rstrip() + "\n"
 
 
 def block(text: Dict[str, str], name: str) -> List[str]:
