@@ -25,137 +25,29 @@ import os
 import statistics
 import subprocess
 import sys
-import textwrap
 import time
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch_geometric.nn.models import GAT, GraphSAGE
 from torchmetrics.functional import accuracy, auroc
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "examples"))
 
+from benchmarks.accuracy.matrix import (AUC, CACHE, DATASET_EPOCHS, DATASETS, EPOCHS, MODELS, MODES,  # noqa: E402
+                                        TABLE, TRAIN_REFRESH, plan_jobs)
+from benchmarks.accuracy.report import reach_exact_target, replace_block, summarise, write_report  # noqa: E402
 from lightning_gnnpipe import GraphChunkDataModule, find_layer_stack  # noqa: E402
-from lightning_gnnpipe import datasets as ds  # noqa: E402
-from lightning_gnnpipe.nn.gcnii import GCNII  # noqa: E402
 from lightning_gnnpipe.nn.stack import infer_dims, takes_x0  # noqa: E402
 from lightning_gnnpipe.data.chunk_graph import build_chunk_graph
 from lightning_gnnpipe.nn.gcn_norm import norm_keys  # noqa: E402
 from lightning_gnnpipe.pipeline.stage import GNNStage  # noqa: E402
-from train import DeepResGCN  # noqa: E402  (examples/train.py)
 
-DATASETS: Dict[str, Callable] = {
-    "Cora": lambda: ds.load_planetoid("Cora"),
-    "CiteSeer": lambda: ds.load_planetoid("CiteSeer"),
-    "Actor": lambda: ds.load_actor(0),
-    "Tolokers": lambda: ds.load_tolokers(0),
-    "Cornell5": lambda: ds.load_cornell5(0),
-}
-AUC = {"Tolokers"}  # ROC-AUC instead of accuracy
-
-MODELS: Dict[str, Callable[[int, int], nn.Module]] = {
-    "resgcn4": lambda f, c: DeepResGCN(f, 64, c, 4, 0.5),
-    "resgcn8": lambda f, c: DeepResGCN(f, 64, c, 8, 0.5),
-    "resgcn16": lambda f, c: DeepResGCN(f, 64, c, 16, 0.5),
-    "resgcn4-nodropout": lambda f, c: DeepResGCN(f, 64, c, 4, 0.0),  # diagnostic (seed-noise section)
-    "resgcn4-nodedrop": lambda f, c: DeepResGCN(f, 64, c, 4, 0.5, node_dropout=True),  # NodeDropout
-    "sage8": lambda f, c: GraphSAGE(f, 64, 8, c, dropout=0.5),
-    "gat4": lambda f, c: GAT(f, 16, 4, c, heads=4, dropout=0.5),
-    "gat4-nodropout": lambda f, c: GAT(f, 16, 4, c, heads=4, dropout=0.0),  # diagnostic (seed-noise section)
-    "gcnii16": lambda f, c: GCNII(f, 64, c, 16, dropout=0.5),
-    "gcnii32": lambda f, c: GCNII(f, 64, c, 32, dropout=0.5),
-}
-
-# mode -> (num_chunks, chunk_order, stage options, refresh_on_start, refresh_every); None = exact full-graph
-# training. "plain" has no technique: METIS's chunk order, tables starting from zeros. "default" is the strategy's
-# defaults (greedy chunk order, exact refresh at the start of fit); the single techniques are added to the default.
-MODES: Dict[str, object] = {
-    "exact": None,
-    "pipe-K4-plain": (4, "metis", {}, False, 0),
-    "pipe-K8-plain": (8, "metis", {}, False, 0),
-    "pipe-K8-default": (8, "greedy", {}, True, 0),
-    "pipe-K8-refresh10": (8, "greedy", {}, True, 10),
-    "pipe-K8-momentum": (8, "greedy", {"history_momentum": 0.5}, True, 0),
-    "pipe-K8-momentum90": (8, "greedy", {"history_momentum": 0.9}, True, 0),  # stronger smoothing (seed-noise section)
-    "pipe-K8-halograd": (8, "greedy", {"halo_gradients": "stale"}, True, 0),
-    "pipe-K8-refresh1": (8, "greedy", {}, True, 1),
-    "pipe-K8-momentum-refresh10": (8, "greedy", {"history_momentum": 0.5}, True, 10),
-    "pipe-K8-refresh1-halograd": (8, "greedy", {"halo_gradients": "stale"}, True, 1),
-    "pipe-K8-refresh1-train": (8, "greedy", {}, True, 1),
-    "pipe-K1-default": (1, "greedy", {}, True, 0),  # one chunk: no halo, no staleness (control, seed-noise section)
-    "pipe-K2-default": (2, "greedy", {}, True, 0),  # the defaults with other chunk counts (seed-noise section)
-    "pipe-K4-default": (4, "greedy", {}, True, 0),
-    "pipe-K16-default": (16, "greedy", {}, True, 0),
-    "pipe-K8-bf16h": (8, "greedy", {"history_dtype": torch.bfloat16}, True, 0),  # the defaults, bfloat16 tables
-}
-# Modes whose refresh runs in training mode at the epoch's NodeDropout masks: with a NodeDropout model the chunked
-# forward then equals the full-graph forward exactly, and only the detached halo gradients differ.
-TRAIN_REFRESH = {"pipe-K8-refresh1-train"}
-TABLE_MODES = ["exact", "pipe-K4-plain", "pipe-K8-plain", "pipe-K8-default"]
-STUDY_MODES = ["exact", "pipe-K8-default", "pipe-K8-refresh10", "pipe-K8-momentum", "pipe-K8-halograd"]
-
-# The published matrix (docs/results/notes/accuracy.md): dataset -> models in the main table ...
-TABLE: Dict[str, List[str]] = {
-    "Cora": ["resgcn4", "resgcn8", "resgcn16", "sage8", "gat4", "gcnii16", "gcnii32"],
-    "CiteSeer": ["resgcn4", "resgcn8", "resgcn16", "sage8", "gat4", "gcnii16", "gcnii32"],
-    "Actor": ["resgcn4", "resgcn8", "resgcn16", "sage8", "gat4", "gcnii16", "gcnii32"],
-    "Tolokers": ["resgcn4", "resgcn8", "resgcn16", "sage8", "gat4", "gcnii16", "gcnii32"],
-    "Cornell5": ["gat4"],
-}
-# ... pairs of the table run in fewer modes than TABLE_MODES (the runs' cost) ...
-TABLE_MODES_OF: Dict[Tuple[str, str], List[str]] = {("Tolokers", "resgcn16"): ["exact", "pipe-K8-default"],
-                                                    ("Tolokers", "gcnii16"): ["exact", "pipe-K8-default"],
-                                                    ("Tolokers", "gcnii32"): ["exact", "pipe-K8-default"]}
-# ... dataset -> models of the "Choosing the defaults" study (STUDY_MODES) ...
-STUDY: Dict[str, List[str]] = {"Cora": ["resgcn8", "gcnii16"], "CiteSeer": ["resgcn8", "gcnii16"]}
-# ... (dataset, model) -> modes of the seed-noise study, run with SEED_STUDY_SEEDS instead of --seeds ...
-SEED_STUDY: Dict[Tuple[str, str], List[str]] = {
-    ("Cora", "gat4"): ["exact", "pipe-K4-plain", "pipe-K8-default", "pipe-K8-refresh1", "pipe-K8-momentum-refresh10"],
-    ("Cora", "sage8"): ["exact", "pipe-K4-plain", "pipe-K8-default", "pipe-K8-momentum"],
-    ("CiteSeer", "sage8"): ["exact", "pipe-K4-plain", "pipe-K8-default", "pipe-K8-momentum"],
-    ("Actor", "resgcn4"): ["exact", "pipe-K8-default", "pipe-K8-halograd"],
-    ("CiteSeer", "resgcn4"): ["exact", "pipe-K1-default", "pipe-K2-default", "pipe-K4-default", "pipe-K8-default",
-                              "pipe-K16-default", "pipe-K8-halograd", "pipe-K8-refresh1", "pipe-K8-momentum"],
-    ("CiteSeer", "gat4"): ["exact", "pipe-K1-default", "pipe-K2-default", "pipe-K4-default", "pipe-K8-default",
-                           "pipe-K16-default", "pipe-K8-halograd", "pipe-K8-refresh1", "pipe-K8-refresh1-halograd",
-                           "pipe-K8-momentum"],
-    ("CiteSeer", "resgcn4-nodropout"): ["exact", "pipe-K8-default"],
-    ("CiteSeer", "gat4-nodropout"): ["exact", "pipe-K8-default"],
-    ("CiteSeer", "resgcn4-nodedrop"): ["exact", "pipe-K8-default", "pipe-K8-refresh1-train"],
-    ("Tolokers", "resgcn8"): ["exact", "pipe-K8-default"],
-    ("Actor", "gcnii32"): ["exact", "pipe-K8-default"],
-}
-SEED_STUDY_SEEDS = list(range(10))
-# ... (dataset, model) -> modes run with 20 seeds (SEED_STUDY_20_SEEDS): the reference's own seed noise ...
-SEED_STUDY_20: Dict[Tuple[str, str], List[str]] = {
-    ("CiteSeer", "resgcn4"): ["exact", "pipe-K8-default", "pipe-K8-momentum", "pipe-K8-momentum90"],
-    ("CiteSeer", "gat4"): ["exact", "pipe-K2-default", "pipe-K8-default", "pipe-K8-momentum", "pipe-K8-momentum90"],
-    ("CiteSeer", "resgcn4-nodedrop"): ["exact", "pipe-K8-default", "pipe-K8-refresh1-train"],
-}
-SEED_STUDY_20_SEEDS = list(range(20))
-# ... (dataset, model) -> (epochs, modes, seeds) of the longer runs (the large graphs, more epochs than the table) ...
-LONGER: Dict[Tuple[str, str], Tuple[int, List[str], List[int]]] = {
-    ("Tolokers", "resgcn8"): (100, ["exact", "pipe-K8-default"], [0, 1, 2]),
-    ("Tolokers", "gcnii16"): (100, ["exact", "pipe-K8-default", "pipe-K8-halograd"], [0, 1, 2]),
-    ("Tolokers", "resgcn16"): (100, ["exact", "pipe-K4-default", "pipe-K8-default", "pipe-K8-halograd",
-                                     "pipe-K8-refresh1", "pipe-K8-momentum"], [0, 1, 2]),
-    ("Tolokers", "gcnii32"): (100, ["exact", "pipe-K8-default", "pipe-K8-halograd"], [0, 1, 2]),
-}
-# ... (dataset, model) -> (epochs, modes, seeds) of techniques tried on a large-graph pair outside the criterion ...
-LARGE_TECHNIQUES: Dict[Tuple[str, str], Tuple[int, List[str], List[int]]] = {
-    ("Tolokers", "resgcn8"): (30, ["exact", "pipe-K8-default", "pipe-K8-halograd"], [0, 1, 2]),
-    ("Tolokers", "gcnii16"): (30, ["exact", "pipe-K8-default", "pipe-K8-halograd"], [0, 1, 2]),
-    ("Tolokers", "gcnii32"): (30, ["exact", "pipe-K8-default", "pipe-K8-halograd"], [0, 1, 2]),
-}
-# ... and the validation curves of the PNG (seed 0, TABLE_MODES).
-PLOT: List[Tuple[str, str]] = [("Cora", "resgcn8"), ("CiteSeer", "resgcn8")]
-EPOCHS = 100  # per run, the same in every mode of a (dataset, model) pair
-DATASET_EPOCHS: Dict[str, int] = {"Tolokers": 30, "Cornell5": 20}  # the large graphs: fewer epochs
-CACHE = os.path.join(ROOT, "benchmarks", "results", "accuracy_runs.jsonl")
+__all__ = ["main", "chunked_stage", "chunked_forward",
+           # moved to matrix.py and report.py; imported from here by the diagnostics beside this module
+           "DATASETS", "MODELS", "TABLE", "replace_block"]
 
 
 def _first(out):
@@ -277,36 +169,6 @@ def parse_epochs(items: Iterable[str]) -> Dict[str, int]:
     return out
 
 
-Job = Tuple[str, str, str, List[str], List[int], Optional[int]]  # section, dataset, model, modes, seeds, epochs
-
-
-def plan_jobs(args) -> List[Job]:
-    """Return the (section, dataset, model, modes, seeds, epochs) groups to report.
-
-    Section ``"table"`` is the main table, ``"study"`` the defaults study, ``"seeds"`` the seed-noise study
-    (``"seeds20"`` its 20-seed part),
-    ``"longer"`` the longer runs, ``"techniques"`` the techniques on a large graph. With any of ``--datasets``,
-    ``--models``, ``--modes``: their product (missing ones from the published matrix) with ``--seeds``, all in
-    ``"table"``; otherwise the published matrix (:data:`TABLE` in :data:`TABLE_MODES`, or in :data:`TABLE_MODES_OF`
-    for the pairs listed there, :data:`STUDY`, :data:`SEED_STUDY`, :data:`SEED_STUDY_20`, :data:`LONGER` and
-    :data:`LARGE_TECHNIQUES`).
-    ``epochs`` is ``None`` for the dataset's epochs (``--epochs``,
-    ``--dataset-epochs``).
-    """
-    if args.datasets or args.models or args.modes:
-        datasets = args.datasets or list(TABLE)
-        models = args.models or ["resgcn8"]
-        return [("table", d, m, args.modes or TABLE_MODES, args.seeds, None) for d in datasets for m in models]
-    jobs = [("table", d, m, TABLE_MODES_OF.get((d, m), TABLE_MODES), args.seeds, None) for d, models in TABLE.items()
-            for m in models]
-    jobs += [("study", d, m, STUDY_MODES, args.seeds, None) for d, models in STUDY.items() for m in models]
-    jobs += [("seeds", d, m, modes, SEED_STUDY_SEEDS, None) for (d, m), modes in SEED_STUDY.items()]
-    jobs += [("seeds20", d, m, modes, SEED_STUDY_20_SEEDS, None) for (d, m), modes in SEED_STUDY_20.items()]
-    jobs += [("longer", d, m, modes, seeds, epochs) for (d, m), (epochs, modes, seeds) in LONGER.items()]
-    jobs += [("techniques", d, m, modes, seeds, epochs) for (d, m), (epochs, modes, seeds) in LARGE_TECHNIQUES.items()]
-    return jobs
-
-
 def collect(args) -> Dict[Key, Dict[str, object]]:
     """Return every run the report needs, from the cache where present, computing and caching the others."""
     cache = {} if args.no_cache else load_cache(args.cache)
@@ -332,139 +194,6 @@ def collect(args) -> Dict[Key, Dict[str, object]]:
                           f"reach {r['reach']:3d}  {r['seconds']:6.1f} s", flush=True)
                 runs[key] = cache[key]
     return runs
-
-
-def summarise(args, runs, dataset: str, model_name: str, mode: str, seeds: List[int],
-              epochs: Optional[int] = None) -> Dict[str, object]:
-    """Return mean/std test metric (%), mean and median epochs to 99% best val and mean seconds over ``seeds``."""
-    epochs = epochs or args.epochs_of(dataset)
-    rs = [runs[(dataset, model_name, mode, s, epochs, args.lr, args.weight_decay)] for s in seeds]
-    tests = [100 * r["test"] for r in rs]
-    return {"dataset": dataset, "model": model_name, "mode": mode, "epochs": epochs, "tests": tests,
-            "mean": statistics.mean(tests), "std": statistics.pstdev(tests),
-            "reach": statistics.mean(r["reach"] for r in rs),
-            "reach_median": statistics.median(r["reach"] for r in rs),
-            "seconds": statistics.mean(r["seconds"] for r in rs)}
-
-
-def reach_exact_target(args, runs, dataset: str, model_name: str, mode: str, seeds: List[int],
-                       epochs: Optional[int] = None) -> Tuple[Optional[float], int]:
-    """Return the median epochs for ``mode`` to reach 99% of exact's best validation metric of the same seed.
-
-    A common target for both modes: unlike ``epochs to 99% best val``, a run that ends with a higher best of its
-    own is not penalised for it. Returns ``(median, never)``, ``never`` the number of seeds whose run does not reach
-    the target in its epochs (counted as infinitely slow in the median; ``None`` when more than half never do).
-    """
-    epochs = epochs or args.epochs_of(dataset)
-    found = []
-    for s in seeds:
-        target = 0.99 * max(runs[(dataset, model_name, "exact", s, epochs, args.lr, args.weight_decay)]["val"])
-        val = runs[(dataset, model_name, mode, s, epochs, args.lr, args.weight_decay)]["val"]
-        found.append(next((i + 1 for i, v in enumerate(val) if v >= target), float("inf")))
-    median = statistics.median(found)
-    return (None if median == float("inf") else median), sum(f == float("inf") for f in found)
-
-
-def table(rows: List[Dict[str, object]]) -> List[str]:
-    """Return markdown table lines with the gap (points) and epochs ratio of each row to its exact row.
-
-    The standard error of the gap is that of the mean of the per-seed differences (same seed: same initial
-    weights in both modes), ``stdev(diffs) / sqrt(seeds)``.
-    """
-    exact = {(r["dataset"], r["model"]): r for r in rows if r["mode"] == "exact"}
-    lines = ["| dataset | model | epochs | mode | test metric (%) | gap to exact (points) | std error of gap "
-             "| epochs to 99% best val | median epochs | ratio to exact | s/run |", "|---" * 11 + "|"]
-    for r in rows:
-        ref = exact.get((r["dataset"], r["model"]))
-        other = ref is not None and r is not ref
-        gap = f"{r['mean'] - ref['mean']:+.2f}" if other else ""
-        diffs = [a - b for a, b in zip(r["tests"], ref["tests"])] if other else []
-        se = f"{statistics.stdev(diffs) / len(diffs) ** 0.5:.2f}" if len(diffs) > 1 else ""
-        ratio = f"{r['reach'] / ref['reach']:.2f}" if other else ""
-        lines.append(f"| {r['dataset']} | {r['model']} | {r['epochs']} | {r['mode']} | {r['mean']:.2f} ± "
-                     f"{r['std']:.2f} | {gap} | {se} | {r['reach']:.1f} | {r['reach_median']:g} | {ratio} | "
-                     f"{r['seconds']:.0f} |")
-    return lines
-
-
-def study_averages(rows: List[Dict[str, object]]) -> List[str]:
-    """Return markdown lines averaging, per technique mode, the gap and epochs ratio to exact over the pairs."""
-    exact = {(r["dataset"], r["model"]): r for r in rows if r["mode"] == "exact"}
-    lines = ["| mode | mean gap to exact (points) | worst gap (points) | mean epochs ratio | worst epochs ratio |",
-             "|---|---|---|---|---|"]
-    for mode in STUDY_MODES[1:]:
-        sel = [r for r in rows if r["mode"] == mode]
-        gaps = [r["mean"] - exact[(r["dataset"], r["model"])]["mean"] for r in sel]
-        ratios = [r["reach"] / exact[(r["dataset"], r["model"])]["reach"] for r in sel]
-        lines.append(f"| {mode} | {statistics.mean(gaps):+.2f} | {min(gaps):+.2f} | {statistics.mean(ratios):.2f} | "
-                     f"{max(ratios):.2f} |")
-    return lines
-
-
-def command_block(args, runs) -> List[str]:
-    """Return the markdown lines with the regenerating command and the cost of a run from scratch."""
-    hours = sum(r["seconds"] for r in runs.values()) / 3600
-    return ["```bash", "python -m benchmarks.accuracy.run " + " ".join(sys.argv[1:]), "```", ""] + textwrap.wrap(
-            f"It reads the {len(runs)} runs it needs from `benchmarks/accuracy/runs.jsonl` (seconds). On a "
-            f"fresh machine, or with `--no-cache`, it computes them: {hours:.1f} hours of one CPU core "
-            "(`--threads 1`), the sum of the seconds measured for each run and stored in the cache (measured on a "
-            "shared, loaded machine: an idle one needs less).", 116, break_on_hyphens=False)
-
-
-def replace_block(text: str, name: str, lines: List[str]) -> str:
-    """Replace the lines between ``<!-- begin NAME -->`` and ``<!-- end NAME -->`` (append the block if absent)."""
-    begin, end = f"<!-- begin {name} -->", f"<!-- end {name} -->"
-    block = "\n".join([begin] + lines + [end])
-    if begin in text and end in text:
-        return text[: text.index(begin)] + block + text[text.index(end) + len(end):]
-    return text.rstrip("\n") + "\n\n" + block + "\n"
-
-
-def write_report(args, runs) -> None:
-    """Refresh the generated blocks of ``<out>/accuracy.md`` (prose around them is kept) and write the PNG."""
-    os.makedirs(args.out, exist_ok=True)
-    rows = {"table": [], "study": [], "seeds": [], "seeds20": [], "longer": [], "techniques": []}
-    for section, d, m, modes, seeds, epochs in plan_jobs(args):
-        rows[section] += [summarise(args, runs, d, m, mode, seeds, epochs) for mode in modes]
-    path = os.path.join(args.out, "accuracy.md")
-    text = open(path).read() if os.path.exists(path) else "# Accuracy: GNNPipe against exact full-graph training\n"
-    text = replace_block(text, "command", command_block(args, runs))
-    text = replace_block(text, "table", table(rows["table"]))
-    if rows["study"]:
-        text = replace_block(text, "study", table(rows["study"]) + [""] + study_averages(rows["study"]))
-    for name in ("seeds", "seeds20", "longer", "techniques"):
-        if rows[name]:
-            text = replace_block(text, name, table(rows[name]))
-    with open(path, "w") as f:
-        f.write(text)
-    plot(args, runs)
-
-
-def plot(args, runs) -> None:
-    """Write ``<out>/accuracy_curves.png``: validation curves of seed 0 per table mode for the PLOT pairs."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no PNG written (pip install matplotlib)")
-        return
-    key = lambda d, m, mode: (d, m, mode, args.seeds[0], args.epochs_of(d), args.lr, args.weight_decay)  # noqa: E731
-    pairs = [(d, m) for d, m in PLOT if all(key(d, m, mode) in runs for mode in TABLE_MODES)]
-    if not pairs:
-        return
-    fig, axes = plt.subplots(1, len(pairs), figsize=(6 * len(pairs), 4), squeeze=False)
-    for ax, (dataset, model_name) in zip(axes[0], pairs):
-        for mode in TABLE_MODES:
-            curve = runs[key(dataset, model_name, mode)]["val"]
-            ax.plot(range(1, len(curve) + 1), curve, label=mode)
-        ax.set_title(f"{dataset}, {model_name}, seed {args.seeds[0]}")
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("validation metric")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "accuracy_curves.png"), dpi=100)
 
 
 def main() -> None:
