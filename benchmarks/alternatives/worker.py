@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.alternatives.baselines import (CLUSTER_BATCH, CLUSTER_PARTS, NEIGHBOR_BATCH, ClusterBatches,  # noqa: E402
                                                neighbor_fanouts)
 from benchmarks.harness.memory import MemorySampler  # noqa: E402
+from benchmarks.harness.process import free_port  # noqa: E402
 from benchmarks.time_to_accuracy.models import DEPTH, LEARNING_RATE, Classifier, accuracies, build_model  # noqa: E402
 from benchmarks.time_to_accuracy.worker import Epochs, exact_adjacency, start_run  # noqa: E402
 from lightning_gnnpipe import GNNPipeStrategy, GraphChunkDataModule  # noqa: E402
@@ -268,18 +269,13 @@ def _neighbor_rank(rank: int, spec: dict, data, run_dir: Path, port: int) -> Non
 
 def run_neighbor_ddp(spec: dict, data, run_dir: Path) -> List[dict]:
     """Neighbour sampling under DDP on 2 processes (spawned, gloo)."""
-    import socket
-
     import torch.multiprocessing as mp
 
     import torch_geometric.typing as pyg_typing
 
     if not (pyg_typing.WITH_PYG_LIB or pyg_typing.WITH_TORCH_SPARSE):
         raise RuntimeError("neighbor_ddp: NeighborLoader needs pyg-lib or torch-sparse; neither is installed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_neighbor_rank, args=(spec, data, run_dir, port), nprocs=2, join=True)
+    mp.spawn(_neighbor_rank, args=(spec, data, run_dir, free_port()), nprocs=2, join=True)
     out = json.loads((run_dir / "neighbor.json").read_text())
     spec["_stopped"] = out["stopped"]
     spec["_backend"] = "pyg-lib" if pyg_typing.WITH_PYG_LIB else "torch-sparse"

@@ -26,6 +26,11 @@ import psutil
 GIB = 2**30
 
 
+def gib(b: Optional[float]) -> str:
+    """Bytes as GiB with two decimals for a table cell (``"–"`` where not measured)."""
+    return "–" if b is None else f"{b / GIB:.2f}"
+
+
 def _status_bytes(field: str) -> Optional[int]:
     """A ``kB`` field of ``/proc/self/status`` in bytes, or ``None`` off Linux."""
     try:

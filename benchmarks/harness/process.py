@@ -17,6 +17,15 @@ from typing import Dict, List, Optional
 import psutil
 
 
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the rendezvous of a benchmark's own process group)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL the process group that ``proc`` leads (it was started with ``start_new_session``)."""
     try:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -42,30 +41,19 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.harness.records import append_cache, host_info, load_cache  # noqa: E402
+from benchmarks.harness.process import free_port  # noqa: E402
 from benchmarks.large_graphs.cluster import Machine  # noqa: E402
+from benchmarks.large_graphs.page import latest  # noqa: E402
 
 RECORDS = Path(__file__).with_name("runs.jsonl")
 GIB = 2**30
 GRAPH = {"avg_degree": 20, "p_in": 0.84, "p_near": 0.12}  # METIS 2-way cut 0.02-0.03
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def env() -> dict:
     """The ranks' environment: the strategy's allocator defaults set where torchrun starts them."""
     return dict(os.environ, PYTHONPATH=str(ROOT), THP_MEM_ALLOC_ENABLE="1", MALLOC_MMAP_THRESHOLD_=str(16 * 2**20),
                 PYTHONWARNINGS="ignore")
-
-
-def find(records: List[dict], **key) -> Optional[dict]:
-    for rec in reversed(records):
-        if all(rec.get(k) == v for k, v in key.items()):
-            return rec
-    return None
 
 
 def graph_file(work: Path, nodes: int, records: List[dict]) -> Path:
@@ -80,7 +68,7 @@ def graph_file(work: Path, nodes: int, records: List[dict]) -> Path:
     torch.save(data, path)
     rec = {"kind": "graph", "nodes": nodes, "edges": int(data.edge_index.size(1)), "generate_s": gen_s,
            "file_bytes": path.stat().st_size, "spec": GRAPH}
-    if not find(records, kind="graph", nodes=nodes):
+    if not latest(records, kind="graph", nodes=nodes):
         append_cache(RECORDS, rec)
         records.append(rec)
     print(f"graph: {nodes:,} nodes, {rec['edges']:,} edges in {gen_s:.0f} s", flush=True)
@@ -89,7 +77,7 @@ def graph_file(work: Path, nodes: int, records: List[dict]) -> Path:
 
 def partition(work: Path, graph: Path, nodes: int, G: int, K: int, records: List[dict]) -> Path:
     out = work / f"parts_{nodes}_g{G}_k{K}"
-    rec = find(records, kind="partition", nodes=nodes, G=G, K=K)
+    rec = latest(records, kind="partition", nodes=nodes, G=G, K=K)
     if out.exists() and rec:
         return out
     subprocess.run(["rm", "-rf", str(out)], check=True)
@@ -109,7 +97,7 @@ def partition(work: Path, graph: Path, nodes: int, G: int, K: int, records: List
 def partitioners(work: Path, graph: Path, nodes: int, records: List[dict]) -> None:
     for method in ("pymetis", "kaminpar"):
         for parts in (2, 8):
-            if find(records, kind="partitioner", nodes=nodes, method=method, parts=parts):
+            if latest(records, kind="partitioner", nodes=nodes, method=method, parts=parts):
                 continue
             out = work / f"partitioner_{method}_{parts}.json"
             subprocess.run([sys.executable, "-m", "benchmarks.large_graphs.partitioners", str(graph), method,
@@ -121,7 +109,7 @@ def partitioners(work: Path, graph: Path, nodes: int, records: List[dict]) -> No
 
 
 def single(work: Path, graph: Path, nodes: int, cap: Optional[int], epochs: int, records: List[dict]) -> None:
-    if find(records, kind="single", nodes=nodes, cap_bytes=cap, epochs=epochs):
+    if latest(records, kind="single", nodes=nodes, cap_bytes=cap, epochs=epochs):
         return
     out = work / f"single_{nodes}_{cap}.json"
     out.unlink(missing_ok=True)
@@ -148,7 +136,7 @@ def single(work: Path, graph: Path, nodes: int, cap: Optional[int], epochs: int,
 
 def cluster(work: Path, parts: Path, nodes: int, mode: str, machines: int, cap: int, epochs: int,
             records: List[dict]) -> None:
-    if find(records, kind="cluster", nodes=nodes, mode=mode, machines=machines, cap_bytes=cap, epochs=epochs):
+    if latest(records, kind="cluster", nodes=nodes, mode=mode, machines=machines, cap_bytes=cap, epochs=epochs):
         return
     out = work / f"cluster_{nodes}_{mode}"
     subprocess.run(["rm", "-rf", str(out)], check=True)
@@ -187,7 +175,7 @@ def cluster(work: Path, parts: Path, nodes: int, mode: str, machines: int, cap: 
 
 
 def idle(records: List[dict]) -> None:
-    if find(records, kind="idle"):
+    if latest(records, kind="idle"):
         return
     code = "import torch, psutil; m = psutil.Process().memory_full_info(); print(m.uss, m.rss)"
     uss, rss = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -222,7 +210,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         work = Path(args.work)
         work.mkdir(parents=True, exist_ok=True)
         cap = int(args.cap_gib * GIB)
-        if not find(records, kind="host"):
+        if not latest(records, kind="host"):
             rec = {"kind": "host", **host_info()}
             append_cache(RECORDS, rec)
             records.append(rec)

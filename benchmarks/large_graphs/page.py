@@ -10,17 +10,19 @@ import re
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from benchmarks.harness import memory
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "large_graphs.md"
 PLOT = ROOT / "docs" / "large_graphs.png"
-GIB = 2**30
+GIB = memory.GIB
 MIB = 2**20
 MODES = {"hybrid": "hybrid 2 x 2 (`GNNPipeStrategy(graph_parallel_size=2)`)",
          "graph_parallel": "graph parallelism, G = 4 (`GraphParallelStrategy()`)"}
 
 
 def gib(b: Optional[float]) -> str:
-    return "-" if b is None else f"{b / GIB:.2f} GiB"
+    return memory.gib(b) + ("" if b is None else " GiB")
 
 
 def millions(n: int) -> str:

@@ -13,7 +13,8 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from benchmarks.scale.ratios import GIB, MODES, TARGETS, Rung, gib, largest_proc_rss, ok, rung
+from benchmarks.harness.memory import GIB, gib
+from benchmarks.scale.ratios import MODES, TARGETS, Rung, largest_proc_rss, ok, rung
 from benchmarks.scale.tables import (answer, default_table, detail_rows, memory_split, summary_table, targets_table,
                                      time_split)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Dict, Optional, Tuple
 
 
-GIB = 2**30
 MODES = ["pyg_edge_index", "pyg_csr", "trainer_single", "gnnpipe_default", "gnnpipe_k8", "gnnpipe_k16", "gnnpipe_1f1b_k8",
          "gnnpipe_ckpt_k8", "gnnpipe_1f1b_ckpt_k8", "gnnpipe_1f1b_bf16h_k8", "graph_parallel"]
 GNNPIPE = ("gnnpipe_k8", "gnnpipe_k16", "gnnpipe_1f1b_k8", "gnnpipe_ckpt_k8", "gnnpipe_1f1b_ckpt_k8",
@@ -55,10 +54,6 @@ def proc_pss(peaks: dict) -> Optional[int]:
 
 def machine_delta(rec: dict) -> Optional[int]:
     return (rec.get("machine") or {}).get("used_delta")
-
-
-def gib(b: Optional[float]) -> str:
-    return "–" if b is None else f"{b / GIB:.2f}"
 
 
 def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from benchmarks.scale.ratios import (GNNPIPE, MODES, TARGETS, Rung, best_gnnpipe, fmt_ratio, gib, judge,
+from benchmarks.harness.memory import gib
+from benchmarks.scale.ratios import (GNNPIPE, MODES, TARGETS, Rung, best_gnnpipe, fmt_ratio, judge,
                                      largest_proc_rss, leanest_gnnpipe, machine_delta, ok, proc_rss, ratio,
                                      target_values)
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import statistics
 from typing import Dict, List, Tuple
 
-from benchmarks.time_to_accuracy.run_records import (EXACT_FORWARD, LABEL, best_epoch, default_modes, gib, largest,
+from benchmarks.harness.memory import gib
+from benchmarks.time_to_accuracy.run_records import (EXACT_FORWARD, LABEL, best_epoch, default_modes, largest,
                                                      mode_key, mode_order, model_key, ok, timed, to_target)
 
 

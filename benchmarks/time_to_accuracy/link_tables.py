@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
+from benchmarks.harness.memory import gib
 from benchmarks.time_to_accuracy.accuracy import accuracy_rows, accuracy_summary
 from benchmarks.time_to_accuracy.prose import SPREAD_INTRO
-from benchmarks.time_to_accuracy.run_records import EXACT_FORWARD, SHORT, gib, mode_key, ok, timed
+from benchmarks.time_to_accuracy.run_records import EXACT_FORWARD, SHORT, mode_key, ok, timed
 
 
 LINK_SESSION = ("2026-12-06T14:00:00", "2026-12-06T15:30:00")

@@ -19,12 +19,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from benchmarks.harness.memory import GIB
 from benchmarks.time_to_accuracy.accuracy import accuracy_rows, accuracy_sentences, accuracy_summary, pair_epochs
 from benchmarks.time_to_accuracy.findings import FINDINGS
 from benchmarks.time_to_accuracy.link_tables import (LINK_SESSION, link_runs, link_table, rate_lines, spread_lines,
                                                      time_split)
 from benchmarks.time_to_accuracy.prose import PAIRS_INTRO, SETUP, SINCE
-from benchmarks.time_to_accuracy.run_records import (EXACT_FORWARD, GIB, GRAPHS, LABEL_EXACT_FORWARD, SHORT,
+from benchmarks.time_to_accuracy.run_records import (EXACT_FORWARD, GRAPHS, LABEL_EXACT_FORWARD, SHORT,
                                                      default_modes, mode_key, ok, timed)
 
 __all__ = ["write_page", "answer", "targets", "bytes_bound",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import statistics
 from typing import Dict, List, Optional, Tuple
 
-GIB = 2**30
 MODES = ("exact", "gnnpipe", "gnnpipe_refresh_every0", "gnnpipe_halo_gradients", "gnnpipe_refresh_every1", "gnnpipe_refresh_every2",
          "graph_parallel", "hybrid", "mlp")
 LABEL = {"exact": "exact, one process, CSR adjacency (2 threads)", "gnnpipe": "`GNNPipeStrategy()`, K = 8 (2 processes)",
@@ -58,10 +57,6 @@ def largest(rec: dict, kind: str) -> Optional[int]:
     ranks = [p for role, p in procs.items() if role.startswith("rank")] or [procs.get("main", {})]
     vals = [max(p.get(kind, 0), p.get("vm_hwm", 0)) if kind == "rss" else p.get(kind, 0) for p in ranks]
     return max(vals) if vals else None
-
-
-def gib(b: Optional[float]) -> str:
-    return "–" if b is None else f"{b / GIB:.2f}"
 
 
 def index(records: List[dict]) -> Dict[tuple, dict]:

@@ -38,13 +38,7 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from benchmarks.harness.process import free_port  # noqa: E402
 
 
 def _work() -> float:
@@ -189,5 +183,5 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["--model"]:
         forward_probe(sys.argv[2])
     else:
-        mp.spawn(_rank, args=(_free_port(),), nprocs=2)
+        mp.spawn(_rank, args=(free_port(),), nprocs=2)
         forward_probe()

@@ -9,7 +9,7 @@ from_partitions <lightning_gnnpipe.GraphChunkDataModule.from_partitions>`.
 
 ``--data`` is a ``torch.save``d :class:`~torch_geometric.data.Data` (opened ``mmap=True``: the features are read a
 partition at a time). ``--dataset`` is a PyG dataset class (OGB's ``PygNodePropPredDataset`` included, with
-``pip install lightning-gnnpipe[ogb]``) whose files are already under ``--root``: it is never downloaded. OGB's
+``pip install -e ".[ogb]"`` in a clone) whose files are already under ``--root``: it is never downloaded. OGB's
 ``get_idx_split()`` becomes the masks and a ``(|V|, 1)`` label column becomes ``(|V|,)``.
 """
 
@@ -21,6 +21,7 @@ from typing import List, Optional
 
 import torch
 from torch_geometric.data import Data
+from torch_geometric.utils import index_to_mask
 
 from lightning_gnnpipe.data.partitioned.write import partition_graph
 
@@ -58,10 +59,9 @@ def load_graph(data: Optional[str], dataset: Optional[str], root: Optional[str],
     ds = offline(**kwargs)
     graph = ds[0]
     if hasattr(ds, "get_idx_split"):  # OGB: the split as masks
-        for split, mask in (("train", "train_mask"), ("valid", "val_mask"), ("test", "test_mask")):
-            m = torch.zeros(graph.num_nodes, dtype=torch.bool)
-            m[ds.get_idx_split()[split]] = True
-            graph[mask] = m
+        split = ds.get_idx_split()
+        for name, mask in (("train", "train_mask"), ("valid", "val_mask"), ("test", "test_mask")):
+            graph[mask] = index_to_mask(split[name], graph.num_nodes)
     if isinstance(graph.y, torch.Tensor) and graph.y.dim() == 2 and graph.y.size(1) == 1:
         graph.y = graph.y.view(-1)
     return graph

@@ -44,15 +44,10 @@ def part_features(g: int) -> str:
     return f"part_{g}/node_feats.pt"
 
 
-def sha256(path: str, block: int = 1 << 23) -> str:
-    """Hex sha256 of a file, read in blocks of ``block`` bytes."""
-    digest = hashlib.sha256()
+def sha256(path: str) -> str:
+    """Hex sha256 of a file (``hashlib.file_digest``, read in blocks)."""
     with open(path, "rb") as f:
-        while True:
-            chunk = f.read(block)
-            if not chunk:
-                return digest.hexdigest()
-            digest.update(chunk)
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 @dataclass
