@@ -42,6 +42,7 @@ MODELS = {
     "gin": lambda f, c: GIN(f, 32, 3, c),
     "gcnii": lambda f, c: GCNII(f, 32, c, num_layers=5),
     "deep_res": lambda f, c: DeepSage(f, 32, c, "res"),
+    "deep_res_plus": lambda f, c: DeepSage(f, 32, c, "res+"),  # norm and act once a row, then the conv in place
 }
 
 
@@ -65,6 +66,7 @@ def test_in_place_exact_forward_equals_the_gathered_one_bit_for_bit(cora, name, 
         in_place = _forward_full(stages, cora.x)
         assert bool(calls) == (name != "sage_project"), calls  # projecting SAGE transforms its gathered rows first
         monkeypatch.setattr(ChunkCaller, "reads_in_place", lambda self, device: False)
+        monkeypatch.setattr(ChunkCaller, "conv_input", lambda self, device: None)
         gathered = _forward_full(stages, cora.x)
         expected = model(cora.x, cora.edge_index)
     assert torch.equal(in_place, gathered)
@@ -112,3 +114,23 @@ def test_the_positional_product_refuses_to_record_a_gradient():
     torch.testing.assert_close(rows.matmul(op), (source[3] + source[0]).view(1, 3))
     with pytest.raises(RuntimeError, match="no_grad"):
         PositionalRows(source.requires_grad_(), 1, torch.tensor([1, 3, 0]), 1, {}).matmul(op)
+
+
+def test_res_plus_normalises_each_row_once_a_layer_and_not_while_training(cora):
+    """A "res+" DeepGCNLayer's norm and activation run once on the layer's |V| rows in an exact forward (each chunk
+    would run them on its halo rows again); with dropout on in training the block keeps its own forward."""
+    from lightning_gnnpipe.nn.inner_rows import conv_input
+
+    torch.manual_seed(0)
+    model = DeepSage(cora.num_features, 32, 7, "res+").eval()
+    _, stages = make_stages(model, cora, num_chunks=4, num_stages=2, sparse=True)
+    rows = []
+    for layer in model.layers:
+        layer.norm.register_forward_hook(lambda m, i, o: rows.append(i[0].size(0)))
+    with torch.no_grad():
+        out = _forward_full(stages, cora.x)
+    assert rows == [cora.num_nodes] * len(model.layers)
+    torch.testing.assert_close(out, model(cora.x, cora.edge_index), atol=1e-5, rtol=1e-5)
+    layer = DeepGCNLayer(SAGEConv(8, 8), LayerNorm(8, mode="node"), nn.ReLU(), block="res+", dropout=0.5)
+    assert conv_input(layer.train()) is None and conv_input(layer.eval()) is not None
+    assert conv_input(DeepGCNLayer(SAGEConv(8, 8), LayerNorm(8, mode="node"), nn.ReLU(), block="res")) is None

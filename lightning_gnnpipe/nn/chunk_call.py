@@ -18,7 +18,7 @@ Both declare the global node id of each row (:func:`~lightning_gnnpipe.nn.node_r
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,9 @@ from torch_geometric.nn import MessagePassing
 
 from lightning_gnnpipe.data.chunk_graph import ChunkGraph
 from lightning_gnnpipe.nn.dropout import node_rows
+from lightning_gnnpipe._compat import has_forward_pre_hooks
 from lightning_gnnpipe.nn.gcn_norm import normalized_convs, precomputed_norm
+from lightning_gnnpipe.nn.inner_rows import conv_input
 from lightning_gnnpipe.nn.positional_rows import PositionalRows, reads_block_input
 from lightning_gnnpipe.nn.sparse import needs_raw_adjacency, rectangular_output, sparse_aggregation, sparse_capable
 from lightning_gnnpipe.nn.stack import BasicGNNLayer, call_block, uses_graph
@@ -51,6 +53,16 @@ class ChunkCaller:
         block runs on the sparse path, rectangular, its convs reading its input unchanged, outside autocast."""
         return self.sparse and not torch.is_autocast_enabled(device.type) and rectangular_output(self.block) \
             and reads_block_input(self.block)
+
+    def conv_input(self, device: torch.device) -> Optional[Callable[[Tensor], Tensor]]:
+        """For a ``"res+"`` ``DeepGCNLayer`` that could run on rows in place but for what it computes before its
+        conv: that row-wise function (:func:`~lightning_gnnpipe.nn.inner_rows.conv_input`), else ``None``. An exact
+        forward applies it to every row once and calls the block with positional rows of its output and the
+        residual (:class:`~lightning_gnnpipe.nn.positional_rows.PositionalRows`)."""
+        if not (self.sparse and not torch.is_autocast_enabled(device.type) and rectangular_output(self.block)
+                and not has_forward_pre_hooks(self.block)):
+            return None
+        return conv_input(self.block)
 
     def __call__(self, x_local: Tensor, c: int, rows: Tensor, epoch: int, h0: Optional[Tensor] = None,
                  positional: Optional[PositionalRows] = None) -> Tensor:

@@ -234,7 +234,10 @@ class ChunkRunner:
         are one slice: a chunk's output is copied into its slice instead of scattered to its nodes' rows (a scatter
         of ``n_c`` rows costs several times a contiguous copy on a CPU), and its local rows are read from that slice
         and its halo rows: in place, without a gathered copy, where the block allows it and no gradient is recorded
-        (:class:`~lightning_gnnpipe.nn.positional_rows.PositionalRows`), else gathered into one tensor. The rows are
+        (:class:`~lightning_gnnpipe.nn.positional_rows.PositionalRows`), else gathered into one tensor. A ``"res+"``
+        ``DeepGCNLayer`` normalises and activates its input before its conv: that is done once for every row of the
+        layer, and its conv reads those rows in place (:meth:`~lightning_gnnpipe.nn.chunk_call.ChunkCaller.
+        conv_input`), where each chunk would do it again for its halo rows (about as many as the inner rows). The rows are
         put in chunk order once on entry and back in node order on exit, unless they come or leave so (``chunk_order``).
         """
         order, position, local, bounds = self._chunk_order()
@@ -255,10 +258,13 @@ class ChunkRunner:
             else:
                 out: Optional[Tensor] = None
                 in_place = not torch.is_grad_enabled() and self.callers[j].reads_in_place(h.device)
+                before_conv = None if in_place or torch.is_grad_enabled() else self.callers[j].conv_input(h.device)
+                conv_rows = h if before_conv is None else before_conv(h)  # "res+": once a row, not once a chunk
                 for c, (a, b) in zip(self.chunks, bounds):
                     h0_c = None if h0 is None else h0[a:b]
-                    if in_place:  # the block reads its local rows straight from h: no copy, no gather
-                        rows = PositionalRows(h, a, self._local_positions(c, a, b, positions), b - a, renamed)
+                    if in_place or before_conv is not None:  # the convs read their rows in place: no gather
+                        rows = PositionalRows(conv_rows, a, self._local_positions(c, a, b, positions), b - a,
+                                              renamed, None if before_conv is None else h[a:b])
                         o = self.call(j, rows.inner, c, epoch, h0_c, rows)
                     else:
                         halo = local[c]

@@ -21,7 +21,7 @@ many as the inner ones. Blocks of known code:
 
 from __future__ import annotations
 
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,7 @@ from lightning_gnnpipe.nn.dropout import NodeDropout
 from lightning_gnnpipe.nn.gcnii import GCNIILayer
 from lightning_gnnpipe.nn.stack import BasicGNNLayer
 
-__all__ = ["inner_row_forwards", "known_row_wise"]
+__all__ = ["conv_input", "inner_row_forwards", "known_row_wise"]
 
 ROW_WISE = (
     nn.Identity, nn.Linear, PygLinear, nn.Dropout, nn.AlphaDropout, NodeDropout, nn.LayerNorm,
@@ -94,20 +94,47 @@ def known_row_wise(block: nn.Module, convs: Tuple[type, ...]) -> bool:
     return all(_row_wise(m, convs) for m in block.modules() if id(m) not in unused)
 
 
-def inner_row_forwards(block: nn.Module) -> List[Tuple[nn.Module, Callable]]:
+def inner_row_forwards(block: nn.Module, residual: Optional[Tensor] = None) -> List[Tuple[nn.Module, Callable]]:
     """The forwards to swap in (:func:`~lightning_gnnpipe.nn.forward_swap.swapped_forward`) while a
     :func:`known_row_wise` ``block``'s convs return ``n_inner`` rows of its ``(n_local, d)`` input.
 
+    Args:
+        block: The block.
+        residual: For a ``"res+"`` ``DeepGCNLayer`` whose input is already :func:`conv_input`'s output: the inner
+            rows of the block's own input ``(n_inner, d)``, which the residual adds; the block then runs its conv
+            alone.
+
     Returns:
         ``[(block, forward)]`` for a ``DeepGCNLayer``, whose residual then adds the inner rows of its input
-        (``x[:n_inner]``, PyG 2.8's ``DeepGCNLayer.forward`` otherwise); ``[]`` for every other block, whose own
-        forward already returns its convs' rows.
+        (``x[:n_inner]``, PyG 2.8's ``DeepGCNLayer.forward`` otherwise) or ``residual``; ``[]`` for every other
+        block, whose own forward already returns its convs' rows.
     """
-    return [(block, _deep_gcn_forward(block))] if type(block) is DeepGCNLayer else []
+    return [(block, _deep_gcn_forward(block, residual))] if type(block) is DeepGCNLayer else []
 
 
-def _deep_gcn_forward(layer: DeepGCNLayer) -> Callable:
+def conv_input(block: nn.Module) -> Optional[Callable[[Tensor], Tensor]]:
+    """What a ``"res+"`` ``DeepGCNLayer`` computes from its input before its conv, row by row: ``act(norm(x))``.
+
+    Returns that function ``(n, d) -> (n, d)`` for a ``"res+"`` block whose dropout is off (evaluation mode or
+    ``p = 0``), else ``None``; it acts on each row alone where the block is :func:`known_row_wise` (the caller's
+    check). An exact whole-graph forward then computes it once for every row of a layer, where a chunk's call
+    computes it for the chunk's halo rows too (:meth:`~lightning_gnnpipe.nn.chunk_runner.ChunkRunner.run_full`).
+    """
+    if type(block) is not DeepGCNLayer or block.block != "res+" or (block.training and block.dropout > 0):
+        return None
+    parts = [m for m in (block.norm, block.act) if m is not None]
+
+    def before_conv(x: Tensor) -> Tensor:
+        for m in parts:
+            x = m(x)
+        return x
+    return before_conv
+
+
+def _deep_gcn_forward(layer: DeepGCNLayer, residual: Optional[Tensor] = None) -> Callable:
     def forward(x: Tensor, *args, **kwargs) -> Tensor:  # DeepGCNLayer.forward (torch_geometric 2.8), x cut to h's rows
+        if residual is not None:  # "res+", x = conv_input(block input): the conv alone, plus the block input's rows
+            return residual + layer.conv(x, *args, **kwargs)
         if layer.block == "res+":
             h = x
             if layer.norm is not None:

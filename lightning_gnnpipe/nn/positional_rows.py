@@ -16,7 +16,7 @@ gradient (the renamed operator has no transpose), and a rectangular block (the c
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -60,14 +60,17 @@ class PositionalRows:
             ``a, a + 1, ...``.
         cache: Renamed operators by the operator they come from, kept by the caller for one forward (a dict it
             drops after; each holds ``E_c`` indices).
+        residual: For a ``"res+"`` ``DeepGCNLayer`` (:func:`~lightning_gnnpipe.nn.inner_rows.conv_input`): ``rows``
+            are then its conv's input, computed once for every row, and ``residual`` the inner rows of the block's
+            own input ``(n_inner, d)``, which its residual adds.
 
     Shapes:
         :attr:`inner` ``(n_inner, d)``; :meth:`matmul` ``-> (n_inner, d)``; :meth:`local` ``-> (n_local, d)``.
     """
 
     def __init__(self, rows: Tensor, a: int, positions: Tensor, n_inner: int,
-                 cache: Dict[int, Tuple[Tensor, Tensor]]) -> None:
-        self.rows, self.positions, self._cache = rows, positions, cache
+                 cache: Dict[int, Tuple[Tensor, Tensor]], residual: Optional[Tensor] = None) -> None:
+        self.rows, self.positions, self._cache, self.residual = rows, positions, cache, residual
         self.inner = rows[a: a + n_inner]
 
     def holds(self, x: object) -> bool:

@@ -90,7 +90,7 @@ from torch_geometric.nn import GCN2Conv, GCNConv, GINConv, GraphConv, MessagePas
 from lightning_gnnpipe.data.adjacency import ChunkAdjacency, SparseAdjacency
 from lightning_gnnpipe.nn.gcn_norm import gcn2_mix, norm_key
 from lightning_gnnpipe.nn.forward_swap import current_forward, swapped_forward
-from lightning_gnnpipe.nn.inner_rows import inner_row_forwards, known_row_wise
+from lightning_gnnpipe.nn.inner_rows import conv_input, inner_row_forwards, known_row_wise
 from lightning_gnnpipe.nn.positional_rows import PositionalRows, reads_block_input
 
 __all__ = ["SPARSE_CONVS", "SparseCall", "conv_sparse_capable", "rectangular_output", "sparse_aggregation",
@@ -322,7 +322,9 @@ def sparse_aggregation(
             (:class:`~lightning_gnnpipe.nn.positional_rows.PositionalRows`, no gradient): the block is then called
             with ``positional.inner`` ``(n_inner, d)`` in place of its local rows, and its convs aggregate from
             ``positional.rows``. Only for a rectangular block whose convs read its input unchanged
-            (:func:`~lightning_gnnpipe.nn.positional_rows.reads_block_input`).
+            (:func:`~lightning_gnnpipe.nn.positional_rows.reads_block_input`), or a rectangular ``"res+"``
+            ``DeepGCNLayer`` with ``positional.residual`` set (its rows are then the conv's input,
+            :func:`~lightning_gnnpipe.nn.inner_rows.conv_input`, and the block runs its conv alone).
 
     Yields:
         :class:`SparseCall`: ``out_rows`` (``n_inner`` or ``n_local``), the rows each conv returns; declare
@@ -369,11 +371,15 @@ def sparse_aggregation(
                 raise ValueError(f"sparse_aggregation: normalised adjacency {key} is ({a.n_inner}, {a.n_local}), "
                                  f"the chunk's ({adjacency.n_inner}, {adjacency.n_local}).")
     rect = allow_rectangular and rectangular_output(block)
-    if positional is not None and not (rect and reads_block_input(block)):
+    residual = None if positional is None else positional.residual
+    if positional is not None and not (rect and (conv_input(block) is not None if residual is not None
+                                                 else reads_block_input(block))):
         raise ValueError(f"sparse_aggregation: positional rows need a rectangular block whose convs read its input "
-                         f"unchanged (reads_block_input); {type(block).__name__} is not (rectangular: {rect}).")
+                         f"unchanged (reads_block_input), or a 'res+' DeepGCNLayer given its conv's input and the "
+                         f"residual (conv_input); {type(block).__name__} is neither (rectangular: {rect}, "
+                         f"residual given: {residual is not None}).")
     out_rows = adjacency.n_inner if rect else adjacency.n_local
     chunk = _Chunk(edge_index, raw, norm_adjacency, out_rows, positional)
     swaps = [(conv, _FORWARDS[type(conv)](conv, chunk, current_forward(conv))) for conv in convs]
-    with swapped_forward(swaps + (inner_row_forwards(block) if rect else [])):
+    with swapped_forward(swaps + (inner_row_forwards(block, residual) if rect else [])):
         yield SparseCall(out_rows=out_rows, rectangular=rect)
