@@ -6,11 +6,12 @@ and is replaced whole (:func:`write_page`), so a rerun of the benchmark rewrites
 
 from __future__ import annotations
 
-import re
+from functools import partial
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from benchmarks.harness import memory
+from benchmarks.harness.page import fill_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "large_graphs.md"
@@ -220,13 +221,7 @@ def render(records: List[dict], text: str, page: Path = PAGE) -> str:
     Raises:
         ValueError: A block's markers are missing.
     """
-    for name, build in BLOCKS.items():
-        block = "\n".join(build(records))
-        pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
-        if not pattern.search(text):
-            raise ValueError(f"{page}: no block {name!r} (<!-- BEGIN {name} --> ... <!-- END {name} -->)")
-        text = pattern.sub(lambda m: m.group(1) + block + "\n" + m.group(2), text)
-    return text
+    return fill_blocks(text, {name: partial(build, records) for name, build in BLOCKS.items()}, str(page))
 
 
 def write_page(records: List[dict], page: Path = PAGE) -> str:
