@@ -1,8 +1,8 @@
 """With dropout on, is the chunked training gradient distributed like the exact one?
 
-    python -m benchmarks.accuracy.dropout_gradient          # the table quoted in docs/results/accuracy.md (about 4 minutes)
+    python -m benchmarks.accuracy.dropout_gradient  # the table quoted in docs/results/notes/accuracy.md (about 4 minutes)
 
-A diagnostic for the epochs of CiteSeer ResGCN-4 and GAT-4 in ``docs/results/accuracy.md``, not a timed
+A diagnostic for the epochs of CiteSeer ResGCN-4 and GAT-4 in ``docs/results/notes/accuracy.md``, not a timed
 benchmark. ``benchmarks/accuracy/halo_gradient.py`` compares the gradients with dropout off, where both sides are
 deterministic. Here dropout is on (training mode, as in training): at fixed weights (seed 0's initial weights, or
 those after ``--train-epochs`` epochs of exact training, as in ``accuracy.py``) every mode computes the training

@@ -1,6 +1,6 @@
 """Is there a learnable signal in a dataset's features, before and after one GCN averaging step?
 
-    python -m benchmarks.accuracy.feature_probe --dataset Cornell5            # the probe quoted in docs/results/accuracy.md
+    python -m benchmarks.accuracy.feature_probe --dataset Cornell5  # the probe quoted in docs/results/notes/accuracy.md
 
 Trains PyG's 2-layer ``MLP`` (hidden 64, ReLU, dropout 0.5, no normalisation; Adam lr 0.005, weight decay 5e-4,
 full batch) on three inputs and prints the validation accuracy every 10 epochs:

@@ -1,15 +1,18 @@
 """The scale records' figures: rungs, each process's peak memory, and the target ratios of a rung with their
-verdicts (``benchmarks/scale/page.py`` and ``tables.py`` build the page from them; nothing is measured here).
+verdicts (``benchmarks/scale/page.py`` and ``tables.py`` build ``docs/results/scale.md`` from them, and the targets'
+table of ``docs/results/notes/scale.md``; nothing is measured here).
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
+
+from benchmarks.harness import page
 
 
 MODES = ["pyg_edge_index", "pyg_csr", "trainer_single", "gnnpipe_default", "gnnpipe_k8", "gnnpipe_k16", "gnnpipe_1f1b_k8",
          "gnnpipe_ckpt_k8", "gnnpipe_1f1b_ckpt_k8", "gnnpipe_1f1b_bf16h_k8", "graph_parallel"]
-GNNPIPE = ("gnnpipe_k8", "gnnpipe_k16", "gnnpipe_1f1b_k8", "gnnpipe_ckpt_k8", "gnnpipe_1f1b_ckpt_k8",
+GNNPIPE = ("gnnpipe_default", "gnnpipe_k8", "gnnpipe_k16", "gnnpipe_1f1b_k8", "gnnpipe_ckpt_k8", "gnnpipe_1f1b_ckpt_k8",
            "gnnpipe_1f1b_bf16h_k8")
 Rung = Tuple[int, str, int, str]  # nodes, model, layers, mode
 TARGETS = [  # (column, short header, limit, "<=" or ">=", meaning)
@@ -29,6 +32,7 @@ def rung(rec: dict) -> Rung:
 
 
 def ok(rec: Optional[dict]) -> bool:
+    """Whether a record exists and its run finished (status ``ok``)."""
     return rec is not None and rec.get("status") == "ok"
 
 
@@ -53,19 +57,23 @@ def proc_pss(peaks: dict) -> Optional[int]:
 
 
 def machine_delta(rec: dict) -> Optional[int]:
+    """The machine's peak used memory during a run above its use just before (bytes; every process counts)."""
     return (rec.get("machine") or {}).get("used_delta")
 
 
 def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    """``a / b``, or ``None`` where either side is missing (or ``b`` is 0)."""
     return a / b if a is not None and b else None
 
 
 def fmt_ratio(r: Optional[float]) -> str:
-    return "–" if r is None else f"{r:.2f}×"
+    """``0.55x`` as every results page writes a ratio, ``–`` where it is not measured."""
+    return "–" if r is None else page.fmt_ratio(r)
 
 
 def best_gnnpipe(runs: Dict[Rung, dict], nodes: int, model: str, layers: int) -> Optional[dict]:
-    """The fastest of the measured GNNPipe runs of a rung (GPipe K = 8, 16; 1F1B K = 8)."""
+    """The fastest of the measured GNNPipe runs of a rung (the default, GPipe K = 8, 16, 1F1B K = 8 and their
+    variants)."""
     found = [runs[(nodes, model, layers, m)] for m in GNNPIPE if ok(runs.get((nodes, model, layers, m)))]
     return min(found, key=lambda r: r["epoch_s"]) if found else None
 
@@ -98,3 +106,21 @@ def judge(column: str, value: Optional[float], layers: int) -> Optional[bool]:
         return None
     limit, op = next((t[2], t[3]) for t in TARGETS if t[0] == column)
     return value <= limit if op == "<=" else value >= limit
+
+
+def targets_table(runs: Dict[Rung, dict], model: str) -> List[str]:
+    """One row per measured (nodes, layers) of a model: the fastest and the leanest GNNPipe run and the target ratios,
+    ✓ / ✗ against the targets (– where a side is not measured)."""
+    head = [f"{d} ({'≤' if op == '<=' else '≥'} {lim})" for _, d, lim, op, _ in TARGETS]
+    rows = []
+    for nodes, layers in sorted({(k[0], k[2]) for k in runs if k[1] == model}):
+        pipe, lean = best_gnnpipe(runs, nodes, model, layers), leanest_gnnpipe(runs, nodes, model, layers)
+        if pipe is None:
+            continue
+        values = target_values(runs, nodes, model, layers)
+        cells = []
+        for col, *_ in TARGETS:
+            verdict = judge(col, values[col], layers)
+            cells.append(fmt_ratio(values[col]) + ("" if verdict is None else (" ✓" if verdict else " ✗")))
+        rows.append([f"{nodes:,}", str(layers), pipe["mode"], *cells, lean["mode"]])
+    return page.markdown_table(["nodes", "L", "fastest GNNPipe", *head, "leanest GNNPipe"], rows)

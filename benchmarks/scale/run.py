@@ -48,7 +48,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import psutil
 
@@ -209,55 +209,17 @@ def run_ladder(args: argparse.Namespace) -> None:
                     print(one_line(rec), flush=True)
 
 
-def page_ladder(args: argparse.Namespace, records: List[dict]) -> Dict[tuple, str]:
-    """Rungs the page lists even when unmeasured (the default ladder and this command's), with why not run."""
-    ladder = {}
-    for nodes in sorted(set(DEFAULT_NODES) | set(args.nodes)):
-        for model in sorted(set(DEFAULT_MODELS) | set(args.models)):
-            for layers in sorted(set(DEFAULT_LAYERS) | set(args.layers)):
-                for mode in scale_page.MODES:
-                    why = skip_reason(records, config(args, nodes, model, layers, mode))
-                    ladder[(nodes, model, layers, mode)] = why or "not run: not measured yet"
-    return ladder
-
-
 def write_page(args: argparse.Namespace) -> str:
-    """Rewrite ``<out>/scale.md`` and ``<out>/scale.png`` from the cache; returns the markdown."""
+    """Fill ``<out>/scale.md``'s generated blocks, ``<out>/notes/scale.md``'s and redraw ``<out>/scale.png`` from the
+    records of ``--cache`` with this command's setup (:func:`benchmarks.scale.page.write_page`); another ``--out``
+    starts from copies of the docs' page and note. Returns the page."""
     records = [r for r in load_cache(args.cache) if same_setup(r, args)]
-    trained = sorted({r["nodes"] for r in records if r.get("status") == "ok" and r["mode"] != "planner"})
-    untrained = [n for n in sorted(set(DEFAULT_NODES) | set(args.nodes)) if n not in trained]
-    names = lambda ns: " and ".join(filter(None, [", ".join(scale_page.short(n) for n in ns[:-1]),  # noqa: E731
-                                                  scale_page.short(ns[-1]) if ns else ""]))
-    meta = {"title": "Scale: GNNPipe vs the best single process and graph parallelism, SBM graphs of "
-                     f"{names(trained)} nodes" + (f" ({names(untrained)} not trained)" if untrained else ""),
-            "reproduce": "python -m benchmarks.scale.run --nodes 250000 1000000 2000000 --models gcn sage "
-                         "--layers 8 16 --epochs 4",
-            "description": (
-                f"Graph: stochastic block model (`benchmarks/scale/worker.py::sbm`, O(|E|)), average degree "
-                f"{args.degree}, {args.features} features, {args.classes} classes, {args.p_in:.0%} of the edges inside "
-                f"{args.blocks} contiguous blocks, class = block % {args.classes}; 50% of the nodes train. Models: "
-                f"PyG `GCN` / `GraphSAGE`, hidden {args.hidden}, Adam lr 0.01, one full-graph step per epoch, no "
-                f"validation. Threads: {args.threads_single} for the single-process modes, 1 per process for the 2-process "
-                "modes. Transparent huge pages: every process of a run started with `THP_MEM_ALLOC_ENABLE=1` "
-                "(THP column of the time table; rows without it ran with 4 KiB pages). "
-                "`pyg_csr`: a normalised torch CSR `adj_t` (GCN: `gcn_norm` values, `normalize=False` convs; SAGE: "
-                "mean `spmm`), the edge list freed; equal to `pyg_edge_index` within 1e-5 (`--selfcheck`). "
-                "Epoch time: median of the epochs after the first (2-process modes: the slower rank per epoch). "
-                "Peak memory: peak RSS of the largest process (a rank for the 2-process modes; the launching "
-                "process holds the graph as well and is listed in the detail tables); machine: peak of "
-                "`psutil.virtual_memory().used` during the run minus its value just before (it counts every process on the machine, so "
-                "other jobs add to it). Bytes: all ranks, `comm/sent_total`. Planner: "
-                "`estimate_layouts` / `recommend` of the package on 2 processes with per-layer seconds = the "
-                "`trainer_single` epoch split evenly (else `pyg_edge_index`, else `pyg_csr`) and the bandwidth "
-                "measured at the start of the 2-process runs."),
-            "png": "scale.png"}
-    text, runs = scale_page.render(records, page_ladder(args, records), meta)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "scale.md").write_text(text)
-    models = sorted({k[1] for k in runs} | set(DEFAULT_MODELS), key=lambda m: (m != "gcn", m))
-    layers = sorted({k[2] for k in runs} | set(DEFAULT_LAYERS))
-    scale_page.plot(runs, models, layers, args.out / "scale.png")
-    return text
+    page, notes = args.out / "scale.md", args.out / "notes" / "scale.md"
+    for path, source in ((page, scale_page.PAGE), (notes, scale_page.NOTES)):
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(source.read_text())
+    return scale_page.write_page(page, page.with_suffix(".png"), notes, records)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
