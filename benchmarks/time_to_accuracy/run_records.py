@@ -21,15 +21,17 @@ epoch (docs/convergence.md); the targets name it beside the defaults."""
 LABEL["gnnpipe_halo_gradientsfresh_refresh_every1"] = ("`GNNPipeStrategy(refresh_every=1, halo_gradients=\"fresh\")` "
                                                        "(the defaults in these fits), K = 8 (2 processes)")
 GRAPHS = {"page": "page's graph", "spread": "spread graph"}  # the spread graph: long-range edges on every node
-LABEL_EXACT_FORWARD = "`GNNPipeStrategy(refresh_every=1, halo_gradients=\"fresh\")`"
 SHORT = {"gnnpipe": "GNNPipe", "graph_parallel": "graph parallel", "hybrid": "hybrid 2x2"}
 
 
 def ok(rec: Optional[dict]) -> bool:
+    """Whether ``rec`` is a record of a run that finished (status ``ok``)."""
     return rec is not None and rec.get("status") == "ok"
 
 
 def timed(rec: dict, key: str) -> Optional[float]:
+    """The median of ``key`` (``train_s``, ``val_s``, ``sent_bytes``) over the run's epochs after the first (all of
+    them when it has one); ``None`` when no epoch has it."""
     vals = [e[key] for e in rec["epochs"][1:] if e.get(key) is not None] or [e[key] for e in rec["epochs"]
                                                                             if e.get(key) is not None]
     return statistics.median(vals) if vals else None
@@ -53,6 +55,7 @@ def to_target(rec: dict, target: float) -> Tuple[Optional[int], Optional[float]]
 
 
 def largest(rec: dict, kind: str) -> Optional[int]:
+    """The peak ``kind`` (``rss``, ``uss``) of the run's largest rank (or of its one process), bytes."""
     procs = rec.get("processes") or {}
     ranks = [p for role, p in procs.items() if role.startswith("rank")] or [procs.get("main", {})]
     vals = [max(p.get(kind, 0), p.get("vm_hwm", 0)) if kind == "rss" else p.get(kind, 0) for p in ranks]

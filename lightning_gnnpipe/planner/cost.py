@@ -7,7 +7,7 @@ A cost model, not a measurement: per-epoch time = compute + communication, where
   (:func:`measure_layer_seconds`), scaled by the rows whose outputs a rank computes (inner rows on the CSR path;
   inner plus halo rows on the edge-list path, ``halo_rows_computed``). A chunk's time need not be its share of the
   whole graph's: on one CPU core the 16 METIS chunks of a 300k-node graph ran GCNII-16 in 0.70x the time of its 2
-  partitions (docs/results/time_to_accuracy.md; their rows stay in cache), and a GPU runs small chunks below its
+  partitions (docs/results/notes/time_to_accuracy.md; their rows stay in cache), and a GPU runs small chunks below its
   throughput;
 * GNNPipe (``S`` stages, ``K`` chunks) runs its slowest stage ``(K + S - 1) / K`` times (GPipe's
   fill and drain bubble, Huang et al., arXiv 1811.06965);

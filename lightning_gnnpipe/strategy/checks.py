@@ -45,7 +45,7 @@ AUTO_MAX_BYTES_RATIO = 2.0
 """``"auto"`` evaluates the graph-parallel way only while its halo exchange sends at most this many times the bytes of
 the pipelined forward (:func:`~lightning_gnnpipe.strategy.graph_parallel_eval.exchange_bytes_ratio`): it halves each
 rank's compute, so it pays where compute weighs about as much as the link. On the 300k-node graph of
-``docs/results/time_to_accuracy.md`` (ratio 1.42, GCNII-16 with ``x0`` sent beside the rows) it took 0.43x the
+``docs/results/notes/time_to_accuracy.md`` (ratio 1.42, GCNII-16 with ``x0`` sent beside the rows) it took 0.43x the
 pipelined evaluation's time on the free link and 1.03x and 1.11x at the 100 and 10 Gbit/s rates. With ``x0`` computed
 on each stage the pipelined forward sends half as much there (ratio 2.83): ``"auto"`` keeps it, 11.6 s at the
 100 Gbit/s rate. On its spread graph (ratio 12.95) the graph-parallel way took 73.6 s against 14.2 s there."""
