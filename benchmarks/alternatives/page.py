@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from benchmarks.harness.page import color, markdown_table
+
 GIB = 2**30
 LABELS = {"exact": "exact full-graph, 1 process", "gnnpipe": "`GNNPipeStrategy()`, one step an epoch",
           "gnnpipe_steps": "GNNPipe, several steps an epoch", "cluster_gcn": "Cluster-GCN, 1 process",
@@ -20,9 +22,6 @@ LABELS = {"exact": "exact full-graph, 1 process", "gnnpipe": "`GNNPipeStrategy()
 SHORT = {"exact": "exact", "gnnpipe": "GNNPipe", "gnnpipe_steps": "GNNPipe steps", "cluster_gcn": "Cluster-GCN",
          "cluster_gcn_coarse": "Cluster-GCN 300",
          "neighbor_ddp": "NeighborLoader DDP"}
-COLORS = {"exact": "#333333", "gnnpipe": "#1f77b4", "gnnpipe_steps": "#d62728", "cluster_gcn": "#2ca02c",
-          "cluster_gcn_coarse": "#8c564b",
-          "neighbor_ddp": "#9467bd"}
 MODEL_NAMES = {"ressage8": "GraphSAGE-8", "gcnii16": "GCNII-16"}
 COMMAND = "python -m benchmarks.alternatives.bench"
 
@@ -116,10 +115,9 @@ def answer_table(runs: Dict[Tuple[int, str], Dict[str, dict]]) -> List[str]:
     from benchmarks.alternatives.bench import METHODS
 
     keys = sorted(runs, key=lambda k: (k[0], k[1] != "ressage8"))
-    head = "| method | " + " | ".join(f"{size_name(n)}, {MODEL_NAMES[m]}" for n, m in keys) + " |"
-    lines = [head, "|---" * (len(keys) + 1) + "|"]
+    rows = []
     for method in METHODS:
-        cells = []
+        cells = [SHORT[method]]
         for key in keys:
             rec, exact = runs[key].get(method), runs[key].get("exact")
             if rec is None or exact is None:
@@ -128,8 +126,8 @@ def answer_table(runs: Dict[Tuple[int, str], Dict[str, dict]]) -> List[str]:
             hit = to_target(rec, 0.99 * best_val(exact))
             best, _ = test_accuracies(rec)
             cells.append(f"{_fmt_time(hit, stopped(rec) == 'budget')}, test {best:.3f}")
-        lines.append(f"| {SHORT[method]} | " + " | ".join(cells) + " |")
-    return lines
+        rows.append(cells)
+    return markdown_table(["method"] + [f"{size_name(n)}, {MODEL_NAMES[m]}" for n, m in keys], rows)
 
 
 def detail_table(key: Tuple[int, str], runs: Dict[str, dict]) -> List[str]:
@@ -231,7 +229,7 @@ def plot(runs: Dict[Tuple[int, str], Dict[str, dict]], path: Path, title: str) -
         exact = runs[key].get("exact")
         for method, rec in runs[key].items():
             xs = elapsed(rec)
-            ax.plot(xs, [r["val_acc"] for r in rec["epochs"]], color=COLORS[method], label=SHORT[method],
+            ax.plot(xs, [r["val_acc"] for r in rec["epochs"]], color=color(method), label=SHORT[method],
                     marker="." if len(xs) < 30 else None)
         if exact is not None:
             ax.axhline(0.99 * best_val(exact), color="#999999", linestyle="--", linewidth=1,
