@@ -119,6 +119,8 @@ def conv_input(block: nn.Module) -> Optional[Callable[[Tensor], Tensor]]:
     ``p = 0``), else ``None``; it acts on each row alone where the block is :func:`known_row_wise` (the caller's
     check). An exact whole-graph forward then computes it once for every row of a layer, where a chunk's call
     computes it for the chunk's halo rows too (:meth:`~lightning_gnnpipe.nn.chunk_runner.ChunkRunner.run_full`).
+    Raises nothing. Source: PyG 2.8's ``DeepGCNLayer.forward`` (Li et al., arXiv 2006.07739), its ``"res+"`` branch
+    before the conv; dropout is left out because it is off.
     """
     if type(block) is not DeepGCNLayer or block.block != "res+" or (block.training and block.dropout > 0):
         return None
